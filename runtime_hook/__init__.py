@@ -1,0 +1,1 @@
+"""Node-side parts of vcuda: the OCI hook, the standalone runner and the node agent."""

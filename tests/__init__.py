@@ -1,0 +1,1 @@
+"""vcuda test suites."""

@@ -1,0 +1,1 @@
+"""The vcuda admission webhook: validates vcuda requests and rewrites pods."""
