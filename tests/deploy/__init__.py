@@ -1,0 +1,1 @@
+"""Tests of the deployment: manifests, and the certificate tool `vcuda-certs`."""

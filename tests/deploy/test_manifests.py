@@ -1,0 +1,323 @@
+"""The manifests: schema-valid, buildable, and configured as the deployment needs."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+from typing import Any
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy.manifests import (
+    KUBERNETES_VERSION,
+    ROOT,
+    all_objects,
+    documents,
+    find,
+    manifest_files,
+)
+
+NAMESPACE = "vcuda-system"
+
+
+def _ids(path: Any) -> str:
+    return path.name
+
+
+@pytest.mark.parametrize("path", manifest_files(), ids=_ids)
+def test_every_manifest_validates_strictly_against_the_kubernetes_schemas(path: Any) -> None:
+    for obj in documents(path):
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_strict_validation_rejects_a_field_the_schema_does_not_know() -> None:
+    deployment = copy.deepcopy(find("Deployment", "vcuda-webhook"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpsGet"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_kustomization_lists_every_manifest_file() -> None:
+    listed = yaml.safe_load((ROOT / "kustomization.yaml").read_text())["resources"]
+    assert sorted(listed) == sorted(p.name for p in manifest_files())
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None,
+                    reason="kubectl is not installed (Debian does not package it); "
+                           "the kustomization build is checked where it is present")
+def test_the_kustomization_builds_every_object_with_the_vcuda_label() -> None:
+    built = subprocess.run(["kubectl", "kustomize", str(ROOT)], capture_output=True, text=True,
+                           check=True, timeout=120).stdout
+    objects = [d for d in yaml.safe_load_all(built) if d]
+    assert sorted(_key(o) for o in objects) == sorted(_key(o) for o in all_objects())
+    for obj in objects:
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "vcuda"
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+# --- the MutatingWebhookConfiguration ---------------------------------------------------------
+
+def _webhook() -> dict[str, Any]:
+    [webhook] = find("MutatingWebhookConfiguration", "vcuda-webhook")["webhooks"]
+    return webhook
+
+
+def test_webhook_sees_pod_creates_and_updates_and_fails_closed() -> None:
+    webhook = _webhook()
+    [rule] = webhook["rules"]
+    assert rule["resources"] == ["pods"] and rule["apiGroups"] == [""]
+    assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+    assert webhook["failurePolicy"] == "Fail"
+    assert webhook["sideEffects"] == "None"
+    assert webhook["reinvocationPolicy"] == "IfNeeded"
+    assert webhook["timeoutSeconds"] <= 5
+
+
+def test_webhook_skips_kube_system_and_its_own_namespace() -> None:
+    [expression] = _webhook()["namespaceSelector"]["matchExpressions"]
+    assert expression["key"] == "kubernetes.io/metadata.name"
+    assert expression["operator"] == "NotIn"
+    assert sorted(expression["values"]) == ["kube-system", NAMESPACE]
+
+
+def test_webhook_calls_the_service_on_mutate_and_leaves_ca_bundle_to_the_tool() -> None:
+    client_config = _webhook()["clientConfig"]
+    service = find("Service", "vcuda-webhook")
+    assert client_config["service"]["name"] == service["metadata"]["name"]
+    assert client_config["service"]["namespace"] == service["metadata"]["namespace"]
+    assert client_config["service"]["port"] == service["spec"]["ports"][0]["port"]
+    assert client_config["service"]["path"] == "/mutate"
+    assert "caBundle" not in client_config  # kubectl apply must not clear what vcuda-certs wrote
+
+
+# --- matchConditions: evaluated with a CEL interpreter on pods --------------------------------
+
+def _matches(pod: dict[str, Any], old: dict[str, Any] | None = None) -> bool:
+    env = celpy.Environment()
+    results = []
+    for condition in _webhook()["matchConditions"]:
+        program = env.program(env.compile(condition["expression"]))
+        activation = {
+            "object": celpy.json_to_cel(pod),
+            "oldObject": celpy.json_to_cel(old),
+            "request": celpy.json_to_cel({"operation": "UPDATE" if old else "CREATE"}),
+        }
+        results.append(bool(program.evaluate(activation)))
+    return all(results)
+
+
+def _pod(limits: dict[str, str] | None = None, requests: dict[str, str] | None = None,
+         annotations: dict[str, str] | None = None, init: bool = False) -> dict[str, Any]:
+    resources = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+    container = {"name": "main", "image": "app", "resources": resources}
+    spec: dict[str, Any] = {"containers": [{"name": "side", "image": "side"}]}
+    spec.setdefault("initContainers" if init else "containers", []).append(container)
+    metadata: dict[str, Any] = {"name": "p"}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def test_match_conditions_are_well_formed_cel() -> None:
+    for condition in _webhook()["matchConditions"]:
+        assert condition["name"] and condition["expression"].strip()
+        celpy.Environment().compile(condition["expression"])  # raises on a syntax error
+
+
+@pytest.mark.parametrize("resource", [
+    "docker.com/vcuda-core", "docker.com/vcuda-memory",
+    "tencent.com/vcuda-core", "tencent.com/vcuda-memory", "nvidia.com/gpu.shared",
+])
+def test_pods_naming_a_vcuda_or_shared_resource_are_sent(resource: str) -> None:
+    assert _matches(_pod(limits={resource: "1"}))
+    assert _matches(_pod(requests={resource: "1"}))
+    assert _matches(_pod(limits={resource: "1"}, init=True))
+
+
+def test_pods_with_the_limits_annotation_are_sent() -> None:
+    assert _matches(_pod(annotations={"vcuda.io/limits": "{}"}))
+
+
+def test_an_update_that_removes_the_limits_annotation_is_sent() -> None:
+    old = _pod(annotations={"vcuda.io/limits": '{"main": {"cores": 30}}'})
+    assert _matches(_pod(), old)
+
+
+@pytest.mark.parametrize("pod", [
+    _pod(),
+    _pod(limits={"cpu": "1", "memory": "1Gi"}),
+    _pod(limits={"nvidia.com/gpu": "1"}),          # whole GPUs without vcuda: not ours
+    _pod(limits={"example.com/vcuda-core": "30"}),  # a domain not configured
+    _pod(annotations={"other.io/limits": "x"}),
+], ids=["plain", "cpu-memory", "whole-gpu", "other-domain", "other-annotation"])
+def test_pods_that_do_not_concern_vcuda_are_not_sent(pod: dict[str, Any]) -> None:
+    assert not _matches(pod)
+    assert not _matches(pod, _pod())
+
+
+# --- the webhook Deployment --------------------------------------------------------------------
+
+def _webhook_pod() -> dict[str, Any]:
+    return find("Deployment", "vcuda-webhook")["spec"]["template"]
+
+
+def test_webhook_runs_two_spread_replicas_protected_by_a_disruption_budget() -> None:
+    deployment = find("Deployment", "vcuda-webhook")
+    assert deployment["spec"]["replicas"] == 2
+    labels = _webhook_pod()["metadata"]["labels"]
+    pdb = find("PodDisruptionBudget", "vcuda-webhook")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    [term] = _webhook_pod()["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    assert find("Service", "vcuda-webhook")["spec"]["selector"].items() <= labels.items()
+
+
+def test_webhook_probes_health_and_readiness_over_https() -> None:
+    [container] = _webhook_pod()["spec"]["containers"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+
+
+def test_webhook_runs_unprivileged_with_a_read_only_root() -> None:
+    spec = _webhook_pod()["spec"]
+    [container] = spec["containers"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["automountServiceAccountToken"] is False
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+
+
+def test_webhook_mounts_the_serving_pair_as_a_directory_without_the_ca_key() -> None:
+    spec = _webhook_pod()["spec"]
+    [container] = spec["containers"]
+    [volume] = spec["volumes"]
+    assert volume["secret"]["secretName"] == _certs_flag("ensure", "--secret")
+    assert sorted(i["key"] for i in volume["secret"]["items"]) == ["tls.crt", "tls.key"]
+    [mount] = container["volumeMounts"]
+    assert "subPath" not in mount  # a subPath mount never sees the kubelet's updates
+    assert f"--cert-file={mount['mountPath']}/tls.crt" in container["args"]
+    assert f"--key-file={mount['mountPath']}/tls.key" in container["args"]
+
+
+# --- the certificate Job and CronJob, and their RBAC -------------------------------------------
+
+def _certs_container(command: str) -> dict[str, Any]:
+    if command == "ensure":
+        pod = find("Job", "vcuda-certs-ensure")["spec"]["template"]
+    else:
+        pod = find("CronJob", "vcuda-certs-rotate")["spec"]["jobTemplate"]["spec"]["template"]
+    assert pod["spec"]["serviceAccountName"] == "vcuda-certs"
+    [container] = pod["spec"]["containers"]
+    assert container["command"] == ["vcuda-certs", command]
+    return container
+
+
+def _certs_flag(command: str, flag: str) -> str:
+    [value] = [a.split("=", 1)[1] for a in _certs_container(command)["args"]
+               if a.startswith(flag + "=")]
+    return value
+
+
+@pytest.mark.parametrize("command", ["ensure", "rotate"])
+def test_certs_jobs_name_the_objects_of_the_manifests(command: str) -> None:
+    assert _certs_flag(command, "--namespace") == NAMESPACE
+    assert _certs_flag(command, "--service") == find("Service", "vcuda-webhook")["metadata"]["name"]
+    assert _certs_flag(command, "--webhook-config") == "vcuda-webhook"
+    find("MutatingWebhookConfiguration", _certs_flag(command, "--webhook-config"))
+
+
+def test_rotation_runs_hourly_one_at_a_time() -> None:
+    cron = find("CronJob", "vcuda-certs-rotate")["spec"]
+    minute, hour, *_ = cron["schedule"].split()
+    assert minute.isdigit() and hour == "*"
+    assert cron["concurrencyPolicy"] == "Forbid"
+
+
+def test_certs_rbac_grants_only_the_one_secret_and_the_one_webhook_configuration() -> None:
+    role = find("Role", "vcuda-certs")
+    secret = _certs_flag("ensure", "--secret")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    unnamed = [r for r in role["rules"] if not r.get("resourceNames")]
+    assert named == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret],
+                      "verbs": ["get", "update"]}]
+    # create cannot be limited by name in RBAC: it is the only unnamed grant.
+    assert unnamed == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+    [rule] = find("ClusterRole", "vcuda-certs")["rules"]
+    assert rule == {"apiGroups": ["admissionregistration.k8s.io"],
+                    "resources": ["mutatingwebhookconfigurations"],
+                    "resourceNames": ["vcuda-webhook"], "verbs": ["get", "patch"]}
+
+
+def test_no_role_grants_wildcards() -> None:
+    for obj in all_objects():
+        for rule in obj.get("rules") or []:
+            for field in ("verbs", "resources", "apiGroups"):
+                assert "*" not in rule.get(field, []), f"{obj['metadata']['name']}: {rule}"
+
+
+def test_node_agent_may_only_read_nodes_and_patch_their_status() -> None:
+    rules = find("ClusterRole", "vcuda-node")["rules"]
+    assert sorted((r["resources"][0], tuple(r["verbs"])) for r in rules) == [
+        ("nodes", ("get",)), ("nodes/status", ("patch",))]
+
+
+# --- node side: RuntimeClass, DaemonSet, device plugin -----------------------------------------
+
+def test_runtime_class_vcuda_schedules_on_the_nodes_the_daemonset_covers() -> None:
+    runtime_class = find("RuntimeClass", "vcuda")
+    assert runtime_class["handler"] == "vcuda"
+    daemonset = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]
+    assert runtime_class["scheduling"]["nodeSelector"] == daemonset["nodeSelector"]
+
+
+def test_node_daemonset_installs_then_runs_the_agent_on_the_host_root() -> None:
+    spec = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]
+    [install] = spec["initContainers"]
+    [agent] = spec["containers"]
+    assert install["command"] == ["vcuda-node", "install", "--host-root", "/host"]
+    assert agent["command"] == ["vcuda-node", "run", "--host-root", "/host"]
+    assert install["securityContext"]["privileged"] is True
+    [volume] = spec["volumes"]
+    assert volume["hostPath"]["path"] == "/"
+    for container in (install, agent):
+        assert {"name": volume["name"], "mountPath": "/host"}.items() <= \
+            container["volumeMounts"][0].items()
+    assert spec["serviceAccountName"] == "vcuda-node"
+
+
+def test_device_plugin_config_advertises_shared_replicas_as_the_shared_resource() -> None:
+    config_map = find("ConfigMap", "vcuda-device-plugin-config")
+    shared = yaml.safe_load(config_map["data"]["vcuda-shared"])
+    slicing = shared["sharing"]["timeSlicing"]
+    assert slicing["renameByDefault"] is True  # nvidia.com/gpu becomes nvidia.com/gpu.shared
+    assert slicing["failRequestsGreaterThanOne"] is True
+    [resource] = slicing["resources"]
+    assert resource["name"] == "nvidia.com/gpu" and resource["replicas"] >= 2
+    assert "sharing" not in yaml.safe_load(config_map["data"]["exclusive"])
+
+
+def test_every_container_uses_the_one_vcuda_image() -> None:
+    images = set()
+    for obj in all_objects():
+        pod = obj.get("spec", {}).get("template") or \
+            obj.get("spec", {}).get("jobTemplate", {}).get("spec", {}).get("template")
+        if pod:
+            for container in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
+                images.add(container["image"])
+    assert images == {"vcuda/vcuda:0.1.0"}
