@@ -1,0 +1,91 @@
+"""Reads what the runtime hands a hook: the OCI state on stdin and the bundle's config.json.
+
+runc and crun differ: runc's state says ``"status": "creating"`` at prestart
+and has no ``root``; crun says ``"created"`` and adds a ``root`` that may be
+relative. Neither field is used: the root comes from config.json's
+``root.path``, resolved against the bundle as the runtime spec says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from runtime_hook.hook_errors import HookError
+
+_MAX_CONFIG = 16 << 20
+_FIX_RUNTIME = "run the hook from an OCI runtime (runc, crun) as a prestart or poststop hook"
+
+
+@dataclass(frozen=True)
+class Container:
+    """What the hook needs to know about one container."""
+
+    id: str
+    pid: int
+    bundle: str
+    annotations: dict[str, str]
+    rootfs: str = ""
+    env: tuple[str, ...] = ()
+    mount_targets: tuple[str, ...] = ()
+
+
+def parse_state(raw: bytes) -> Container:
+    """Parse the OCI state JSON; raise HookError when it is not one."""
+    try:
+        state = json.loads(raw)
+    except ValueError as exc:
+        raise HookError(f"the OCI state on stdin is not JSON ({exc})", _FIX_RUNTIME) from None
+    if not isinstance(state, dict):
+        raise HookError("the OCI state on stdin is not a JSON object", _FIX_RUNTIME)
+    cid, bundle, pid = state.get("id"), state.get("bundle"), state.get("pid", 0)
+    if not isinstance(cid, str) or not _safe_id(cid):
+        raise HookError(f"the OCI state has no usable container id ({cid!r})", _FIX_RUNTIME)
+    if not isinstance(bundle, str) or not os.path.isabs(bundle):
+        raise HookError(f"the OCI state has no absolute bundle path ({bundle!r})", _FIX_RUNTIME)
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+        raise HookError(f"the OCI state has a bad pid ({pid!r})", _FIX_RUNTIME)
+    annotations = state.get("annotations")
+    annotations = {} if annotations is None else annotations
+    if not isinstance(annotations, dict):
+        raise HookError("the OCI state's annotations are not an object", _FIX_RUNTIME)
+    return Container(id=cid, pid=pid, bundle=bundle, annotations=annotations)
+
+
+def _safe_id(cid: str) -> bool:
+    # The id names a directory in the state dir: no separators, no dot names.
+    return 0 < len(cid) <= 1024 and "/" not in cid and "\0" not in cid and cid not in (".", "..")
+
+
+def load_config(container: Container) -> Container:
+    """Return ``container`` completed from ``<bundle>/config.json``."""
+    path = os.path.join(container.bundle, "config.json")
+    try:
+        with open(path, "rb") as src:
+            config = json.loads(src.read(_MAX_CONFIG))
+    except OSError as exc:
+        raise HookError(f"cannot read {path}: {exc.strerror}", _FIX_RUNTIME) from None
+    except ValueError as exc:
+        raise HookError(f"{path} is not JSON ({exc})", _FIX_RUNTIME) from None
+    try:
+        root = config["root"]["path"]
+        annotations = config.get("annotations")
+        annotations = {} if annotations is None else annotations
+        env = tuple((config.get("process") or {}).get("env") or ())
+        targets = tuple(m["destination"] for m in config.get("mounts") or ())
+        if not isinstance(root, str) or not root or not isinstance(annotations, dict):
+            raise TypeError("root.path or annotations")
+        if not all(isinstance(v, str) for v in (*annotations.values(), *env, *targets)):
+            raise TypeError("a string was expected")
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise HookError(f"{path} is not a valid OCI config ({exc!r})", _FIX_RUNTIME) from None
+    return Container(
+        id=container.id,
+        pid=container.pid,
+        bundle=container.bundle,
+        annotations=annotations,
+        rootfs=os.path.normpath(os.path.join(container.bundle, root)),
+        env=env,
+        mount_targets=targets,
+    )

@@ -1,0 +1,166 @@
+"""The node ledger and the GPU inventory: records survive crashes, dead containers hold nothing."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runtime_hook.gpu_inventory import Gpu, InventoryError, read, write
+from runtime_hook.ledger import (
+    ACCOUNT_DIR,
+    Entry,
+    Ledger,
+    LedgerError,
+    committed_memory,
+    process_start_time,
+)
+from tests.hook.bundles import mounts_under
+
+GIB = 1 << 30
+
+
+def test_inventory_round_trips(tmp_path: Path) -> None:
+    gpus = [Gpu("GPU-a", 0, 16 * GIB), Gpu("GPU-b", 1, 80 * GIB)]
+    write(str(tmp_path / "gpus.json"), gpus)
+    assert read(str(tmp_path / "gpus.json")) == {"GPU-a": gpus[0], "GPU-b": gpus[1]}
+    assert [p.name for p in tmp_path.iterdir()] == ["gpus.json"]  # no temporary file left
+
+
+def test_missing_inventory_reads_as_none(tmp_path: Path) -> None:
+    assert read(str(tmp_path / "absent.json")) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{",
+        "[]",
+        '{"version": 2, "gpus": []}',
+        '{"version": 1}',
+        '{"version": 1, "gpus": [{"uuid": "GPU-a", "index": 0}]}',
+        '{"version": 1, "gpus": [{"uuid": "", "index": 0, "memory": 1}]}',
+        '{"version": 1, "gpus": [{"uuid": "GPU-a", "index": -1, "memory": 1}]}',
+        '{"version": 1, "gpus": [{"uuid": "GPU-a", "index": 0, "memory": true}]}',
+    ],
+)
+def test_malformed_inventory_is_an_error_naming_the_file(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "gpus.json"
+    path.write_text(text)
+    with pytest.raises(InventoryError, match=f"GPU inventory {path}"):
+        read(str(path))
+
+
+def _entry(cid: str, pid: int, start: int | None, memory: int = GIB, devices=("GPU-a",)) -> Entry:
+    return Entry(
+        container_id=cid,
+        namespace="ns",
+        pod="pod",
+        container="c",
+        pid=pid,
+        start_time=start if start is not None else -1,
+        memory=memory,
+        cores=30,
+        devices=tuple(devices),
+    )
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    return Ledger(str(state))
+
+
+def _exited_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_live_containers_stay_and_gone_ones_are_released(ledger: Ledger) -> None:
+    me = os.getpid()
+    with ledger.locked(1):
+        ledger.commit(_entry("alive", me, process_start_time(me), memory=3 * GIB))
+        ledger.commit(_entry("exited", _exited_pid(), 1))
+        ledger.commit(_entry("pid-reused", me, (process_start_time(me) or 0) + 1))
+        live, dropped = ledger.reconcile()
+    assert [e.container_id for e in live] == ["alive"]
+    assert sorted(dropped) == ["exited", "pid-reused"]
+    assert committed_memory(live) == {"GPU-a": 3 * GIB}
+    assert sorted(os.listdir(Path(ledger.state_dir) / "containers")) == ["alive"]
+
+
+def test_zombie_counts_as_gone() -> None:
+    child = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+    try:
+        assert process_start_time(child.pid) is None
+    finally:
+        child.wait()
+
+
+def test_records_a_crashed_hook_left_half_built_are_released(ledger: Ledger) -> None:
+    containers = Path(ledger.state_dir) / "containers"
+    with ledger.locked(1):
+        (containers / ".new-999").mkdir()
+        (containers / "damaged").mkdir()
+        (containers / "damaged" / "entry.json").write_text("{")
+        live, dropped = ledger.reconcile()
+    assert (live, sorted(dropped)) == ([], [".new-999", "damaged"])
+    assert list(containers.iterdir()) == []
+
+
+def test_a_container_is_committed_once(ledger: Ledger) -> None:
+    me = os.getpid()
+    with ledger.locked(1):
+        ledger.commit(_entry("c1", me, process_start_time(me)))
+        with pytest.raises(LedgerError, match="already exists"):
+            ledger.commit(_entry("c1", me, process_start_time(me)))
+    assert ledger.release("c1") is True
+    assert ledger.release("c1") is False
+
+
+def test_committed_memory_adds_up_per_gpu() -> None:
+    entries = [
+        _entry("a", 1, 1, memory=GIB, devices=("GPU-a", "GPU-b")),
+        _entry("b", 1, 1, memory=2 * GIB, devices=("GPU-a",)),
+    ]
+    assert committed_memory(entries) == {"GPU-a": 3 * GIB, "GPU-b": GIB}
+
+
+def test_lock_held_elsewhere_times_out_with_a_clear_error(ledger: Ledger) -> None:
+    with ledger.locked(1):
+        pass  # creates the lock file
+    holder = os.open(os.path.join(ledger.state_dir, "lock"), os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(LedgerError, match=r"held for more than 0\.1s"), ledger.locked(0.1):
+            pass
+    finally:
+        os.close(holder)
+
+
+def test_state_dir_writable_by_others_is_refused(tmp_path: Path) -> None:
+    state = tmp_path / "open"
+    state.mkdir()
+    state.chmod(0o777)
+    refused = pytest.raises(LedgerError, match="owned and writable by root only")
+    with refused, Ledger(str(state)).locked(1):
+        pass
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_release_unmounts_the_account_tmpfs(ledger: Ledger) -> None:
+    me = os.getpid()
+    with ledger.locked(1):
+        record = ledger.commit(_entry("c1", me, process_start_time(me)))
+    account = os.path.join(record, ACCOUNT_DIR)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", account], check=True)
+    Path(account, "account").write_text("in use")
+    assert ledger.release("c1")
+    assert not os.path.lexists(record)
+    assert mounts_under(Path(ledger.state_dir)) == []
