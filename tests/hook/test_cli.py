@@ -1,0 +1,141 @@
+"""The hook's command line, run as nodes run it: exit codes, one-line errors, the fast exit."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.hook.bundles import HOOK_SCRIPT, PYTHON, REPO, HookSetup, limits_annotation
+
+GIB = 1 << 30
+
+
+def _hook(args: list[str], stdin: bytes | None = b"") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-I", "-S", str(HOOK_SCRIPT), *args],
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
+        capture_output=True,
+        timeout=30,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+
+
+def _flags(hook: HookSetup) -> list[str]:
+    return hook.args("prestart")[5:]  # the hook's own flags, without python, file and stage
+
+
+def _state(tmp_path: Path, annotations: dict[str, str], env: tuple[str, ...] = ()) -> bytes:
+    """Write a bundle whose config carries ``annotations``; return the OCI state for it."""
+    annotations = {"io.kubernetes.cri.container-name": "train", **annotations}
+    config = {"root": {"path": "rootfs"}, "process": {"env": list(env)}, "annotations": annotations}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    state = {"id": "c1", "pid": os.getpid(), "bundle": str(tmp_path), "annotations": annotations}
+    return json.dumps(state).encode()
+
+
+def test_help_explains_the_stages_and_flags_without_waiting_for_stdin() -> None:
+    result = _hook(["--help"], stdin=None)
+    out = result.stdout.decode()
+    assert result.returncode == 0
+    for word in ("prestart", "poststop", "--state-dir", "--library", "--inventory",
+                 "--memory-scaling", "--log-level", "vcuda.io/limits"):  # fmt: skip
+        assert word in out
+
+
+def test_container_without_limits_exits_at_once_and_touches_nothing(hook: HookSetup) -> None:
+    state = b'{"id":"c1","pid":1,"bundle":"/nonexistent","annotations":{"a":"b"}}'
+    result = _hook(["prestart", *_flags(hook)], state)
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
+    assert list(hook.state_dir.iterdir()) == [] and not hook.log_file.exists()
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1
+    lines = result.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("vcuda-hook: ")
+    return lines[0]
+
+
+def test_malformed_state_fails_with_one_clear_line(hook: HookSetup) -> None:
+    line = _one_error_line(_hook(["prestart", *_flags(hook)], b'{"vcuda.io/limits": '))
+    assert "the OCI state on stdin is not JSON" in line
+    assert "fix: run the hook from an OCI runtime" in line
+
+
+def test_malformed_annotation_fails_naming_the_container(hook: HookSetup, tmp_path: Path) -> None:
+    state = _state(tmp_path, {"vcuda.io/limits": '{"train": {"cores": 300}}'})
+    line = _one_error_line(_hook(["prestart", *_flags(hook)], state))
+    assert line.startswith("vcuda-hook: container train (c1): annotation vcuda.io/limits: cores")
+    assert "let the vcuda webhook write" in line
+
+
+def test_missing_library_fails_the_start_with_the_fix(hook: HookSetup, tmp_path: Path) -> None:
+    hook.library.unlink()
+    state = _state(tmp_path, limits_annotation(train=(30, GIB)))
+    line = _one_error_line(_hook(["prestart", *_flags(hook)], state))
+    assert f"the vcuda library {hook.library} is missing on this node" in line
+    assert list((hook.state_dir).iterdir()) == []  # refused before anything was committed
+
+
+def test_malformed_inventory_fails_the_start(hook: HookSetup, tmp_path: Path) -> None:
+    hook.inventory.write_text("{")
+    state = _state(tmp_path, limits_annotation(train=(30, GIB)))
+    line = _one_error_line(_hook(["prestart", *_flags(hook)], state))
+    assert f"GPU inventory {hook.inventory} is malformed" in line
+    assert "fix: restart the node agent" in line
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the hook mounts the account tmpfs as root")
+def test_missing_inventory_is_logged_and_only_the_memory_check_skipped(
+    hook: HookSetup, tmp_path: Path
+) -> None:
+    # Our own process stands in for the container; mounting then fails (no such root),
+    # which shows the hook went past the memory check, and rolled its record back.
+    state = _state(tmp_path, limits_annotation(train=(30, GIB)))
+    line = _one_error_line(_hook(["prestart", *_flags(hook)], state))
+    assert "cannot reach the container's process or root" in line
+    assert f"no GPU inventory at {hook.inventory}: GPU memory is not checked" in (
+        hook.log_file.read_text()
+    )
+    assert list((hook.state_dir / "containers").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["start"], "invalid choice: 'start'"),
+        (["prestart", "--memory-scaling", "0"], "0 is not in (0, 100]"),
+        (["prestart", "--account-mib", "-4"], "-4 is not a positive whole number"),
+        (["prestart", "--log-level", "loud"], "invalid choice: 'loud'"),
+    ],
+)
+def test_bad_command_line_is_refused_by_the_parser(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    state = _state(tmp_path, limits_annotation(train=(30, GIB)))
+    result = _hook(args, state)
+    assert result.returncode == 2
+    assert message in result.stderr.decode()
+
+
+def test_poststop_of_a_container_never_limited_is_quiet(hook: HookSetup, tmp_path: Path) -> None:
+    state = _state(tmp_path, limits_annotation(train=(30, GIB)))
+    flags = hook.args("poststop")[5:]
+    result = _hook(["poststop", *flags], state)
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert not (hook.state_dir / "containers").exists()
+
+
+def test_console_script_points_at_the_same_entry() -> None:
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    scripts = setup["options.entry_points"]["console_scripts"]
+    assert "vcuda-hook = runtime_hook.oci_hook:main" in scripts.splitlines()

@@ -1,0 +1,197 @@
+"""The hook's pure decisions: whose limits, which GPUs, whether they fit, what is preloaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.hook_errors import HookError
+from runtime_hook.inject import merge_preload
+from runtime_hook.limits_decision import (
+    Devices,
+    Request,
+    overcommit,
+    requested_limits,
+    visible_devices,
+)
+from runtime_hook.oci_hook import surely_unlimited
+
+GIB = 1 << 30
+INVENTORY = {
+    "GPU-a": Gpu(uuid="GPU-a", index=0, memory=16 * GIB),
+    "GPU-b": Gpu(uuid="GPU-b", index=1, memory=80 * GIB),
+}
+
+
+def _annotations(table: object, name: str = "train", key: str = "io.kubernetes.cri.container-name"):
+    raw = table if isinstance(table, str) else json.dumps(table)
+    return {"vcuda.io/limits": raw, key: name}
+
+
+def test_entry_of_this_container_becomes_its_request() -> None:
+    ann = _annotations({"train": {"cores": 30, "memory": 10 * GIB}, "other": {"cores": 5}})
+    assert requested_limits(ann) == Request(container="train", cores=30, memory=10 * GIB)
+
+
+def test_cri_o_container_name_key_is_read_too() -> None:
+    ann = _annotations({"w": {"cores": 99, "memory": 1}}, "w", "io.kubernetes.container.name")
+    assert requested_limits(ann) == Request(container="w", cores=99, memory=1)
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {},
+        {"io.kubernetes.cri.container-name": "train"},
+        _annotations({"other": {"cores": 30, "memory": GIB}}),
+        {
+            **_annotations({"POD": {"cores": 30, "memory": GIB}}, "POD"),
+            "io.kubernetes.cri.container-type": "sandbox",
+        },
+        {**_annotations("not even json"), "io.kubernetes.cri-o.ContainerType": "sandbox"},
+    ],
+    ids=["no annotations", "no limits", "no entry", "containerd sandbox", "cri-o sandbox"],
+)
+def test_containers_without_an_entry_and_sandboxes_get_no_limits(annotations: dict) -> None:
+    assert requested_limits(annotations) is None
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("{nope", "annotation vcuda.io/limits is not JSON"),
+        ("[1, 2]", "annotation vcuda.io/limits is not a JSON object"),
+        ({"train": 30}, "entry for 'train' is not an object"),
+        ({"train": {"memory": GIB}}, "cores of 'train' is None, expected a whole number 1..99"),
+        ({"train": {"cores": 0, "memory": GIB}}, "cores of 'train' is 0"),
+        ({"train": {"cores": 100, "memory": GIB}}, "cores of 'train' is 100"),
+        ({"train": {"cores": 30.5, "memory": GIB}}, "cores of 'train' is 30.5"),
+        ({"train": {"cores": True, "memory": GIB}}, "cores of 'train' is True"),
+        ({"train": {"cores": 30}}, "memory of 'train' is None, expected a whole number at least 1"),
+        ({"train": {"cores": 30, "memory": "10Gi"}}, "memory of 'train' is '10Gi'"),
+        ({"train": {"cores": 30, "memory": -1}}, "memory of 'train' is -1"),
+    ],
+)
+def test_malformed_annotation_is_refused_with_what_is_wrong(table: object, message: str) -> None:
+    with pytest.raises(HookError) as caught:
+        requested_limits(_annotations(table))
+    assert message in caught.value.cause
+    assert "let the vcuda webhook write vcuda.io/limits" in caught.value.fix
+
+
+def test_limits_without_a_container_name_are_refused() -> None:
+    with pytest.raises(HookError, match="no container name"):
+        requested_limits({"vcuda.io/limits": json.dumps({"x": {"cores": 1, "memory": 1}})})
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (["NVIDIA_VISIBLE_DEVICES=GPU-a"], Devices(("GPU-a",), ("GPU-a",))),
+        (["NVIDIA_VISIBLE_DEVICES=1,0"], Devices(("GPU-b", "GPU-a"), ("GPU-b", "GPU-a"))),
+        (
+            ["NVIDIA_VISIBLE_DEVICES=GPU-a, GPU-a ,MIG-x"],
+            Devices(("GPU-a", "MIG-x"), ("GPU-a", "MIG-x")),
+        ),
+        (["NVIDIA_VISIBLE_DEVICES=all"], Devices((), ("GPU-a", "GPU-b"))),
+        (["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"], Devices(("GPU-b",), ("GPU-b",))),
+    ],
+    ids=["uuid", "indices", "duplicates and MIG", "all", "last one wins"],
+)
+def test_visible_devices_become_uuids(env: list[str], expected: Devices) -> None:
+    assert visible_devices(["PATH=/bin", *env], [], INVENTORY) == expected
+
+
+@pytest.mark.parametrize("value", [None, "", "void", "none"])
+def test_no_visible_gpu_commits_nothing_and_says_so(value: str | None) -> None:
+    env = [] if value is None else [f"NVIDIA_VISIBLE_DEVICES={value}"]
+    devices = visible_devices(env, [], INVENTORY)
+    assert (devices.for_limits, devices.for_ledger) == ((), ())
+    assert "names no GPU" in devices.notes[0]
+
+
+def test_volume_mounts_strategy_reads_device_ids_from_mount_targets() -> None:
+    env = ["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]
+    targets = ["/proc", "/var/run/nvidia-container-devices/GPU-b"]
+    assert visible_devices(env, targets, INVENTORY) == Devices(("GPU-b",), ("GPU-b",))
+
+
+def test_index_without_inventory_leaves_limits_on_all_visible_gpus() -> None:
+    devices = visible_devices(["NVIDIA_VISIBLE_DEVICES=0,GPU-z"], [], None)
+    assert devices.for_limits == ()
+    assert devices.for_ledger == ("GPU-z",)
+    assert "index 0 cannot be mapped" in devices.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("7", "GPU index 7, which the node's GPU inventory does not list"), ("gpu0", "'gpu0'")],
+)
+def test_unknown_devices_are_refused(value: str, message: str) -> None:
+    with pytest.raises(HookError, match=message):
+        visible_devices([f"NVIDIA_VISIBLE_DEVICES={value}"], [], INVENTORY)
+
+
+def test_memory_fits_up_to_the_last_byte() -> None:
+    assert overcommit(6 * GIB, ["GPU-a"], {"GPU-a": 10 * GIB}, INVENTORY, 1.0) is None
+
+
+def test_overcommit_names_the_gpu_what_is_free_and_what_was_asked() -> None:
+    reason = overcommit(6 * GIB + 1, ["GPU-b", "GPU-a"], {"GPU-a": 10 * GIB}, INVENTORY, 1.0)
+    assert reason == (
+        "GPU GPU-a (index 0) has 6.00 GiB (6442450944 bytes) free of 16.00 GiB "
+        "(17179869184 bytes) for shared containers, and this container asks for "
+        "6.00 GiB (6442450945 bytes)"
+    )
+
+
+def test_memory_scaling_raises_what_a_gpu_may_give_out() -> None:
+    committed = {"GPU-a": 16 * GIB}
+    assert overcommit(8 * GIB, ["GPU-a"], committed, INVENTORY, 1.5) is None
+    assert "has 0.00 GiB" in overcommit(8 * GIB, ["GPU-a"], committed, INVENTORY, 1.0)
+
+
+def test_gpus_missing_from_the_inventory_are_not_checked() -> None:
+    assert overcommit(1 << 50, ["GPU-unknown"], {}, INVENTORY, 1.0) is None
+
+
+@pytest.mark.parametrize(
+    ("image", "merged"),
+    [
+        (b"", b"/usr/local/vcuda/lib/libvcuda.so\n"),
+        (b"/lib/a.so /lib/b.so", b"/usr/local/vcuda/lib/libvcuda.so\n/lib/a.so /lib/b.so"),
+        (
+            b"/lib/a.so:/usr/local/vcuda/lib/libvcuda.so\n",
+            b"/lib/a.so:/usr/local/vcuda/lib/libvcuda.so\n",
+        ),
+    ],
+    ids=["no image list", "image entries kept after the library", "already listed"],
+)
+def test_preload_list_names_the_library_first_and_keeps_the_image_entries(
+    image: bytes, merged: bytes
+) -> None:
+    assert merge_preload(image) == merged
+
+
+@pytest.mark.parametrize(
+    ("state", "unlimited"),
+    [
+        (b'{"id":"a","annotations":{"io.kubernetes.cri.container-name":"x"}}', True),
+        (b'{"id":"a","bundle":"/b"}', True),
+        (b'{"annotations":{"vcuda.io/limits":"{}"}}', False),
+        (b'{"annotations":{"vcuda.io\\/limits":"{}"}}', False),
+        (
+            b'{"annotations":{"vcuda.io/limits":"{}",'
+            b'"io.kubernetes.cri.container-type":"sandbox"}}',
+            True,
+        ),
+        (b'{"annotations":{"note":"see vcuda.io"}}', False),
+    ],
+    ids=["other annotations", "none", "limits", "escaped slash", "sandbox", "mention in a value"],
+)
+def test_fast_path_skips_only_containers_that_surely_have_no_limits(
+    state: bytes, unlimited: bool
+) -> None:
+    assert surely_unlimited(state) is unlimited

@@ -1,0 +1,405 @@
+"""The hook under real runc and crun: limits land inside, and no image makes it write outside."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from runtime_hook.gpu_inventory import Gpu, write
+from runtime_hook.limits_file import Limits, parse
+from tests.hook.bundles import (
+    HookSetup,
+    Runtime,
+    limits_annotation,
+    mounts_under,
+    snapshot,
+    write_bundle,
+)
+from tests.hook.conftest import BuildBundle
+
+GIB = 1 << 30
+LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
+# Prints the three files, tries to write each, then uses the account directory.
+PROBE = f"""
+cat /etc/ld.so.preload; echo ---
+cat /etc/vcuda/limits; echo ---
+sha256sum {LIBRARY}; echo ---
+for f in /etc/vcuda/limits /etc/ld.so.preload {LIBRARY}; do
+    echo x >> $f && echo "WROTE $f"
+done
+echo 1 > /run/vcuda/account && echo "ACCOUNT WRITABLE"
+stat -c %a /run/vcuda
+"""
+LIMITED = limits_annotation(main=(30, 2 * GIB))
+
+
+def _limited(
+    bundle: BuildBundle,
+    hook: HookSetup,
+    script: str = PROBE,
+    env: tuple[str, ...] = (),
+    hooks: dict | None = None,
+    **options: object,
+) -> Path:
+    """A container limited to 30% and 2 GiB of GPU-1111 that runs ``script``."""
+    return bundle(
+        ["sh", "-c", script],
+        annotations=LIMITED,
+        env=("NVIDIA_VISIBLE_DEVICES=GPU-1111", *env),
+        hooks=hooks or hook.hooks(),
+        **options,
+    )
+
+
+def _no_records_left(hook: HookSetup) -> None:
+    assert list((hook.state_dir / "containers").iterdir()) == []
+    assert mounts_under(hook.state_dir) == []
+
+
+def _assert_limits_inside(stdout: str, hook: HookSetup, image_preload: str = "") -> str:
+    """Check the probe's output; return what it printed after the three files."""
+    preload, limits, digest, rest = stdout.split("---\n")
+    assert preload == f"{LIBRARY}\n{image_preload}"
+    assert parse(limits) == Limits(
+        memory=2 * GIB, cores=30, devices=("GPU-1111",), account="/run/vcuda/account"
+    )
+    assert digest.split()[0] == hashlib.sha256(hook.library.read_bytes()).hexdigest()
+    assert "WROTE" not in rest
+    return rest
+
+
+def test_limited_container_reads_its_limits_and_cannot_write_them(
+    runtime: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    def image_with_preload(root: Path) -> None:
+        (root / "etc" / "ld.so.preload").write_text("/lib/image-own.so\n")
+
+    path = _limited(bundle, hook, prepare=image_with_preload)
+    result = runtime.run(path, "limited")
+    assert result.returncode == 0, result.stderr
+    rest = _assert_limits_inside(result.stdout, hook, image_preload="/lib/image-own.so\n")
+    assert rest.split()[-2:] == ["WRITABLE", "1777"]
+    assert (path / "rootfs" / "etc" / "ld.so.preload").read_text() == "/lib/image-own.so\n"
+    _no_records_left(hook)  # poststop released it
+
+
+def test_non_root_user_can_create_the_account_but_not_touch_the_limits(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    path = _limited(bundle, hook, uid=1000)
+    result = runc.run(path, "nonroot")
+    assert result.returncode == 0, result.stderr
+    rest = _assert_limits_inside(result.stdout, hook)
+    assert "ACCOUNT WRITABLE" in rest
+
+
+def _symlink(path: str, target: str | Callable[[Path], str]) -> Callable[[Path, Path], None]:
+    def prepare(root: Path, canary: Path) -> None:
+        link = root / path.lstrip("/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_dir() and not link.is_symlink():
+            link.rmdir()  # make_rootfs made it
+        link.symlink_to(target(canary) if callable(target) else target)
+
+    return prepare
+
+
+def _make(path: str, kind: str) -> Callable[[Path, Path], None]:
+    def prepare(root: Path, canary: Path) -> None:
+        node = root / path.lstrip("/")
+        node.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "fifo":
+            os.mkfifo(node)
+        elif kind == "dir":
+            node.mkdir()
+        elif kind == "chardev":
+            os.mknod(node, 0o600 | 0o020000, os.makedev(1, 3))
+        elif kind == "huge":
+            node.write_text("/lib/x.so\n" * 8000)
+        else:
+            node.write_text("a file\n")
+
+    return prepare
+
+
+def _both(*steps: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
+    def prepare(root: Path, canary: Path) -> None:
+        for step in steps:
+            step(root, canary)
+
+    return prepare
+
+
+# (image change, None when the limits must apply / the refusal the start must fail with)
+HOSTILE = {
+    "etc is an absolute symlink to a host dir": (
+        _symlink("/etc", lambda c: str(c / "etc")),
+        "/etc is a symbolic link to nothing inside the container",
+    ),
+    "ld.so.preload is a symlink to a host file": (
+        _symlink("/etc/ld.so.preload", lambda c: str(c / "etc" / "ld.so.preload")),
+        "/etc/ld.so.preload is a symbolic link to nothing",
+    ),
+    "ld.so.preload climbs out with ..": (
+        _symlink("/etc/ld.so.preload", lambda c: "../" * 30 + str(c / "etc/ld.so.preload")),
+        "/etc/ld.so.preload is a symbolic link to nothing",
+    ),
+    "etc/vcuda is a symlink to a host dir": (
+        _symlink("/etc/vcuda", lambda c: str(c / "etc" / "vcuda")),
+        "/etc/vcuda is a symbolic link to nothing",
+    ),
+    "run/vcuda is a symlink to a host dir": (
+        _symlink("/run/vcuda", lambda c: str(c / "run" / "vcuda")),
+        "/run/vcuda is a symbolic link to nothing",
+    ),
+    "usr/local/vcuda dangles": (
+        _symlink("/usr/local/vcuda", "/nowhere/at/all"),
+        "/usr/local/vcuda is a symbolic link to nothing",
+    ),
+    "ld.so.preload is a magic link through /proc": (
+        _symlink("/etc/ld.so.preload", "/proc/1/root/etc/passwd"),
+        "/etc/ld.so.preload is a symbolic link loop or a link through /proc",
+    ),
+    "ld.so.preload is a symlink loop": (
+        _symlink("/etc/ld.so.preload", "/etc/ld.so.preload"),
+        "symbolic link loop",
+    ),
+    "ld.so.preload is a FIFO": (
+        _make("/etc/ld.so.preload", "fifo"),
+        "/etc/ld.so.preload is a FIFO, expected a regular file",
+    ),
+    "ld.so.preload is a device": (
+        _make("/etc/ld.so.preload", "chardev"),
+        "/etc/ld.so.preload is a character device, expected a regular file",
+    ),
+    "limits is a directory": (
+        _make("/etc/vcuda/limits", "dir"),
+        "/etc/vcuda/limits is a directory, expected a regular file",
+    ),
+    "etc/vcuda is a file": (_make("/etc/vcuda", "file"), "/etc/vcuda is not a directory"),
+    "ld.so.preload is huge": (_make("/etc/ld.so.preload", "huge"), "is larger than 65536 bytes"),
+    "usr/local leads into sysfs": (
+        _symlink("/usr/local", "/sys/kernel"),
+        "/usr/local lies on sysfs",
+    ),
+    "run/vcuda leads to the root": (
+        _symlink("/run/vcuda", "/"),
+        "/run/vcuda leads to the container's root directory",
+    ),
+    "symlinks that stay inside the root are followed": (
+        _both(
+            _make("/opt/preload.list", "file"),
+            _symlink("/etc/ld.so.preload", "/opt/preload.list"),
+            _symlink("/etc/vcuda", "../opt"),
+        ),
+        None,
+    ),
+    "run/vcuda leads to /etc": (_symlink("/run/vcuda", "/etc"), None),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_image_gets_its_limits_or_does_not_start_and_host_stays_intact(
+    case: str, runc: Runtime, bundle: BuildBundle, hook: HookSetup, canary: Path
+) -> None:
+    prepare, refusal = HOSTILE[case]
+    path = _limited(bundle, hook, prepare=lambda root: prepare(root, canary))
+    before = snapshot(canary)
+    result = runc.run(path, "hostile")
+    if refusal is None:
+        assert result.returncode == 0, result.stderr
+        image_preload = "a file\n" if "followed" in case else ""
+        _assert_limits_inside(result.stdout, hook, image_preload=image_preload)
+    else:
+        assert result.returncode != 0
+        assert "vcuda-hook: container main (hostile): " in result.stderr
+        assert refusal in result.stderr
+        assert result.stdout == ""  # the container's command never ran
+    assert snapshot(canary) == before
+    assert mounts_under(canary) == []
+    _no_records_left(hook)
+
+
+def test_hostile_image_is_refused_the_same_way_under_runc_and_crun(
+    runtime: Runtime, bundle: BuildBundle, hook: HookSetup, canary: Path
+) -> None:
+    prepare, refusal = HOSTILE["ld.so.preload is a symlink to a host file"]
+    path = _limited(bundle, hook, script="true", prepare=lambda root: prepare(root, canary))
+    before = snapshot(canary)
+    result = runtime.run(path, "hostile")
+    assert result.returncode != 0
+    # crun (1.8) reports only the hook's exit code; the cause is in the hook's log.
+    shown = result.stderr if runtime.name == "runc" else hook.log_file.read_text()
+    assert f"container main (hostile): cannot put the GPU limits in place: {refusal}" in shown
+    assert snapshot(canary) == before
+    _no_records_left(hook)
+
+
+def test_read_only_root_still_gets_limits_and_stays_read_only(
+    runtime: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    script = PROBE + "touch /new-file && echo ROOT WRITABLE || echo ROOT READ-ONLY\n"
+    path = _limited(bundle, hook, script=script, readonly=True)
+    result = runtime.run(path, "readonly")
+    assert result.returncode == 0, result.stderr
+    rest = _assert_limits_inside(result.stdout, hook)
+    assert rest.split()[-1] == "READ-ONLY"
+
+
+def _bind_read_only(root: Path) -> None:
+    subprocess.run(["mount", "--bind", str(root), str(root)], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(root)], check=True)
+
+
+def test_root_on_a_read_only_filesystem_needs_the_mountpoints_in_the_image(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    def ship_mountpoints(root: Path) -> None:
+        for path in ("etc/vcuda/limits", "etc/ld.so.preload", LIBRARY.lstrip("/")):
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).touch()
+        (root / "run" / "vcuda").mkdir(parents=True)
+
+    bare = _limited(bundle, hook)
+    shipped = _limited(bundle, hook, prepare=ship_mountpoints)
+    for path in (bare, shipped):
+        _bind_read_only(path / "rootfs")
+    try:
+        refused = runc.run(bare, "bare")
+        started = runc.run(shipped, "shipped")
+    finally:
+        for path in (bare, shipped):
+            subprocess.run(["umount", str(path / "rootfs")], check=True)
+    assert refused.returncode != 0
+    assert "is missing and the container's root filesystem is read-only" in refused.stderr
+    assert started.returncode == 0, started.stderr
+    _assert_limits_inside(started.stdout, hook)
+    _no_records_left(hook)
+
+
+def test_hostile_environment_does_not_reach_the_hook(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup, tmp_path: Path
+) -> None:
+    marker = tmp_path / "hijacked"
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    for module in ("json", "argparse", "os_helpers", "sitecustomize"):
+        (evil / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (evil / "evil.so").write_text("not a library\n")
+    poison = (
+        f"LD_PRELOAD={evil / 'evil.so'}",
+        f"PYTHONPATH={evil}",
+        f"PYTHONSTARTUP={evil / 'json.py'}",
+        "PYTHONHOME=/nonexistent",
+        "PYTHONINSPECT=1",
+    )
+    # In the image's environment, and even in the hook entry's own (only -I protects it there).
+    path = _limited(
+        bundle, hook, env=poison, hooks=hook.hooks(env=("PATH=/usr/bin:/bin", *poison[1:]))
+    )
+    result = runc.run(path, "poisoned")
+    assert result.returncode == 0, result.stderr
+    _assert_limits_inside(result.stdout, hook)
+    assert not marker.exists()
+
+
+LISTING = "ls -a /; ls -la /etc /run /usr 2>&1; awk '{print $5, $6}' /proc/self/mountinfo"
+
+
+def test_container_without_annotations_starts_exactly_as_without_the_hook(
+    runc: Runtime, bundle: BuildBundle, spec: dict, hook: HookSetup
+) -> None:
+    path = bundle(["sh", "-c", LISTING])
+    assert runc.run(path, "warm-up").returncode == 0  # whatever runc itself creates, it has now
+    root_before = snapshot(path / "rootfs")
+    without = runc.run(path, "plain")
+    write_bundle(path, spec, ["sh", "-c", LISTING], hooks=hook.hooks())
+    with_hook = runc.run(path, "hooked")
+    assert without.returncode == with_hook.returncode == 0, with_hook.stderr
+    assert with_hook.stdout == without.stdout
+    assert snapshot(path / "rootfs") == root_before
+    assert list(hook.state_dir.iterdir()) == []  # not even the ledger was opened
+    assert not hook.log_file.exists()
+
+
+def test_container_of_a_limited_pod_without_its_own_entry_is_left_alone(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    path = bundle(
+        ["sh", "-c", "ls -a / /etc"],
+        annotations=limits_annotation(other=(30, GIB)),
+        hooks=hook.hooks(),
+    )
+    root_before = snapshot(path / "rootfs")
+    result = runc.run(path, "sidecar")
+    assert result.returncode == 0, result.stderr
+    assert "vcuda" not in result.stdout
+    assert snapshot(path / "rootfs") == root_before
+    assert not (hook.state_dir / "containers").exists()
+
+
+def _wait_stopped(runtime: Runtime, cid: str) -> None:
+    for _ in range(200):
+        state = runtime.call("state", cid)
+        if json.loads(state.stdout or "{}").get("status") == "stopped":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{cid} did not stop")
+
+
+def _gpu_bundles(bundle: BuildBundle, hook: HookSetup, tmp_path: Path) -> tuple[Path, Path]:
+    write(str(hook.inventory), [Gpu(uuid="GPU-1111", index=0, memory=16 * GIB)])
+    first = bundle(
+        ["sleep", "600"],
+        annotations=limits_annotation(main=(50, 10 * GIB)),
+        env=("NVIDIA_VISIBLE_DEVICES=0",),  # an index: mapped through the inventory
+        hooks=hook.hooks(),
+    )
+    second = bundle(
+        ["true"],
+        annotations=limits_annotation(main=(50, 8 * GIB)),
+        env=("NVIDIA_VISIBLE_DEVICES=GPU-1111",),
+        hooks=hook.hooks(),
+    )
+    return first, second
+
+
+def test_overcommitting_a_gpu_fails_until_the_first_container_is_deleted(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup, tmp_path: Path
+) -> None:
+    first, second = _gpu_bundles(bundle, hook, tmp_path)
+    assert runc.run_detached(first, "first", tmp_path / "first.log").returncode == 0
+    refused = runc.run(second, "second")
+    assert refused.returncode != 0
+    assert (
+        "vcuda-hook: container main (second): GPU GPU-1111 (index 0) has 6.00 GiB "
+        "(6442450944 bytes) free of 16.00 GiB (17179869184 bytes) for shared containers, "
+        "and this container asks for 8.00 GiB (8589934592 bytes)"
+    ) in refused.stderr
+    runc.call("kill", "first", "KILL")
+    _wait_stopped(runc, "first")
+    assert runc.call("delete", "first").returncode == 0  # runs poststop
+    assert not (hook.state_dir / "containers" / "first").exists()
+    started = runc.run(second, "second-again")
+    assert started.returncode == 0, started.stderr
+
+
+def test_memory_of_a_container_that_died_without_poststop_is_reclaimed(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup, tmp_path: Path
+) -> None:
+    first, second = _gpu_bundles(bundle, hook, tmp_path)
+    assert runc.run_detached(first, "first", tmp_path / "first.log").returncode == 0
+    runc.call("kill", "first", "KILL")
+    _wait_stopped(runc, "first")  # stopped but not deleted: its poststop has not run
+    assert (hook.state_dir / "containers" / "first").exists()
+    started = runc.run(second, "second")
+    assert started.returncode == 0, started.stderr
+    assert not (hook.state_dir / "containers" / "first").exists()
+    assert "released containers that are gone: first" in hook.log_file.read_text()
