@@ -82,12 +82,16 @@ class Cluster:
         """The MutatingWebhookConfiguration; a `ClusterError` if it is missing."""
         name = self.target.webhook_config
         try:
-            return self._call("get", "mutatingwebhookconfigurations", name,
-                              lambda: self._admission.read_mutating_webhook_configuration(name))
+            config = self._call("get", "mutatingwebhookconfigurations", name,
+                                lambda: self._admission.read_mutating_webhook_configuration(name))
         except _NotFound:
             raise ClusterError(
                 f"MutatingWebhookConfiguration {name!r} does not exist: apply manifests/ "
                 "first (kubectl apply -k manifests/), or pass --webhook-config") from None
+        if not config.get("webhooks"):
+            raise ClusterError(f"MutatingWebhookConfiguration {name!r} has no webhooks to "
+                               "give a caBundle: is it the one of manifests/?")
+        return config
 
     def write_ca_bundle(self, config: Mapping[str, Any], bundle: bytes) -> dict[str, Any]:
         """Set every webhook's caBundle of ``config`` to ``bundle``.

@@ -1,0 +1,35 @@
+# One image for every vcuda component: the webhook (vcuda-webhook), the
+# certificate tool (vcuda-certs), the node agent and installer (vcuda-node),
+# and libvcuda.so, which the installer copies onto each GPU node.
+#
+#   docker build -t REGISTRY/vcuda:0.1.0 .
+#
+# CI has no container engine, so this file is not built there; it is kept
+# deliberately plain: a build stage for the C shim, one for the Python wheel,
+# and a slim runtime stage that runs as an unprivileged user.
+
+FROM python:3.11-slim-bookworm AS shim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev make \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY cshim/ cshim/
+RUN make -C cshim \
+ && install -D -m 0644 "$(find cshim -name libvcuda.so -print -quit)" /out/libvcuda.so
+
+FROM python:3.11-slim-bookworm AS wheel
+WORKDIR /src
+COPY pyproject.toml setup.cfg README.md ./
+COPY webhook/ webhook/
+COPY runtime_hook/ runtime_hook/
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+FROM python:3.11-slim-bookworm
+COPY --from=wheel /wheels/ /tmp/wheels/
+RUN pip install --no-cache-dir /tmp/wheels/*.whl && rm -rf /tmp/wheels
+# Where the node installer finds the library (the same path it uses on the host).
+COPY --from=shim /out/libvcuda.so /usr/local/vcuda/lib/libvcuda.so
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+USER 65532:65532
+ENTRYPOINT []
+CMD ["vcuda-webhook", "--help"]
