@@ -1,0 +1,375 @@
+"""The admission policy, called directly: every rule of a vcuda request."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from tests.webhook.builders import as_pod, container, pod, shared
+from webhook.config import Config
+from webhook.policy import LIMITS_ANNOTATION, Decision, decide
+
+GIB = 1 << 30
+DEFAULT = Config()
+
+
+def create(obj: dict[str, Any], config: Config = DEFAULT) -> Decision:
+    return decide(as_pod(obj), "CREATE", None, config)
+
+
+def patched(obj: dict[str, Any], config: Config = DEFAULT) -> dict[str, Any]:
+    """The pod after the webhook's patch, applied as the API server applies it."""
+    decision = create(obj, config)
+    assert decision.allowed, decision.message
+    return jsonpatch.apply_patch(obj, list(decision.patch))
+
+
+def limits_annotation(obj: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(obj["metadata"]["annotations"][LIMITS_ANNOTATION])
+
+
+def denial(obj: dict[str, Any], config: Config = DEFAULT) -> str:
+    decision = create(obj, config)
+    assert not decision.allowed
+    assert decision.patch == ()
+    return decision.message
+
+
+# --- shared mode -----------------------------------------------------------------------------
+
+def test_shared_container_gets_the_shared_resource_the_annotation_and_the_runtime_class() -> None:
+    result = patched(pod(shared("train", cores="30", memory="40")))
+    limits = result["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu.shared"] == "1"
+    assert limits["docker.com/vcuda-core"] == "30"  # left for the scheduler
+    assert limits_annotation(result) == {"train": {"cores": 30, "memory": 40 * 256 << 20}}
+    assert result["spec"]["runtimeClassName"] == "vcuda"
+
+
+def test_patch_escapes_slashes_in_resource_and_annotation_names() -> None:
+    decision = create(pod(shared("train"), annotations={"team": "vision"}))
+    paths = [op["path"] for op in decision.patch]
+    assert "/spec/containers/0/resources/limits/nvidia.com~1gpu.shared" in paths
+    assert "/metadata/annotations/vcuda.io~1limits" in paths
+
+
+def test_pod_without_annotations_gets_the_annotations_object_added() -> None:
+    decision = create(pod(shared("train")))
+    (op,) = [op for op in decision.patch if op["path"].startswith("/metadata")]
+    assert op == {"op": "add", "path": "/metadata/annotations",
+                  "value": {LIMITS_ANNOTATION: '{"train":{"cores":30,"memory":10737418240}}'}}
+
+
+def test_other_annotations_and_fields_are_left_alone() -> None:
+    original = pod(shared("train"), container("sidecar", limits={"cpu": "100m"}),
+                   annotations={"team": "vision"})
+    result = patched(original)
+    assert result["metadata"]["annotations"]["team"] == "vision"
+    assert result["spec"]["containers"][1] == original["spec"]["containers"][1]
+    assert result["metadata"]["labels"] == original["metadata"]["labels"]
+
+
+def test_init_containers_in_shared_mode_get_their_own_entry() -> None:
+    result = patched(pod(shared("train", cores="50", memory="8"),
+                         init=(shared("warmup", cores="10", memory="4"),)))
+    assert limits_annotation(result) == {"train": {"cores": 50, "memory": 2 * GIB},
+                                         "warmup": {"cores": 10, "memory": GIB}}
+    init_limits = result["spec"]["initContainers"][0]["resources"]["limits"]
+    assert init_limits["nvidia.com/gpu.shared"] == "1"
+
+
+def test_tencent_domain_is_accepted_by_default() -> None:
+    result = patched(pod(shared("train", domain="tencent.com")))
+    assert limits_annotation(result) == {"train": {"cores": 30, "memory": 10 * GIB}}
+
+
+def test_configured_domains_replace_the_defaults() -> None:
+    config = Config(domains=("example.org",))
+    assert create(pod(shared("train")), config) == Decision(allowed=True)  # docker.com ignored
+    result = patched(pod(shared("train", domain="example.org")), config)
+    assert limits_annotation(result)["train"]["cores"] == 30
+
+
+def test_configured_backend_and_runtime_class_are_written() -> None:
+    config = Config(shared_resource="example.com/shared-gpu", runtime_class="gpu-limited")
+    result = patched(pod(shared("train")), config)
+    assert result["spec"]["containers"][0]["resources"]["limits"]["example.com/shared-gpu"] == "1"
+    assert result["spec"]["runtimeClassName"] == "gpu-limited"
+
+
+@pytest.mark.parametrize(("cores", "memory"), [(1, 1), (99, 320), ("30", 40), (30, "40")])
+def test_every_share_from_1_to_99_with_memory_is_allowed(cores: Any, memory: Any) -> None:
+    result = patched(pod(shared("train", cores=cores, memory=memory)))
+    assert limits_annotation(result)["train"] == {"cores": int(cores),
+                                                  "memory": int(memory) * 256 << 20}
+
+
+# --- exclusive mode --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("cores", "gpus"), [("100", "1"), ("200", "2"), ("1k", "10")])
+def test_multiples_of_100_get_whole_gpus_and_no_annotation(cores: str, gpus: str) -> None:
+    result = patched(pod(container("train", limits={"docker.com/vcuda-core": cores})))
+    assert result["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    assert "annotations" not in result["metadata"]
+    assert "runtimeClassName" not in result["spec"]
+
+
+def test_memory_with_whole_gpus_is_ignored_with_a_warning() -> None:
+    decision = create(pod(shared("train", cores="100", memory="40")))
+    assert decision.allowed
+    assert decision.warnings == ('container "train": docker.com/vcuda-memory is ignored with '
+                                 "whole GPUs (docker.com/vcuda-core: 100)",)
+
+
+def test_mixed_pod_annotates_only_its_shared_containers() -> None:
+    result = patched(pod(shared("small"), container("big", limits={"docker.com/vcuda-core": 100})))
+    assert limits_annotation(result) == {"small": {"cores": 30, "memory": 10 * GIB}}
+    assert result["spec"]["containers"][1]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert result["spec"]["runtimeClassName"] == "vcuda"
+
+
+# --- requests that are denied, each with what to write instead ------------------------------
+
+@pytest.mark.parametrize("cores", ["0", "150", "101", "-30", 0])
+def test_cores_neither_a_share_nor_whole_gpus_are_denied(cores: Any) -> None:
+    message = denial(pod(shared("train", cores=cores)))
+    assert f'container "train": docker.com/vcuda-core: {int(cores)} is neither' in message
+    assert "share of one GPU (1..99)" in message
+    assert "whole GPUs (100, 200, ...)" in message
+
+
+@pytest.mark.parametrize("cores", ["500m", "30.5", "abc", "1e", 2.5])
+def test_cores_that_are_not_whole_numbers_are_denied(cores: Any) -> None:
+    message = denial(pod(shared("train", cores=cores)))
+    assert "docker.com/vcuda-core" in message
+    assert "write a whole number" in message
+
+
+def test_memory_alone_is_denied() -> None:
+    message = denial(pod(container("train", limits={"docker.com/vcuda-memory": "40"})))
+    assert message == ('container "train": docker.com/vcuda-memory needs docker.com/vcuda-core; '
+                       "add docker.com/vcuda-core: 1..99 to share one GPU, or "
+                       "docker.com/vcuda-core: 100 for a whole GPU")
+
+
+def test_a_share_without_memory_is_denied() -> None:
+    message = denial(pod(container("train", limits={"docker.com/vcuda-core": "30"})))
+    assert "docker.com/vcuda-memory is required" in message
+    assert "units of 256 MiB (40 = 10 GiB)" in message
+
+
+@pytest.mark.parametrize("memory", ["0", "-4"])
+def test_memory_below_one_unit_is_denied(memory: str) -> None:
+    assert "must be at least 1 (256 MiB)" in denial(pod(shared("train", memory=memory)))
+
+
+def test_memory_beyond_the_largest_gpu_is_denied_with_the_largest_allowed() -> None:
+    message = denial(pod(shared("train", memory="321")))
+    assert message == ('container "train": docker.com/vcuda-memory: 321 (80.25 GiB) is more than '
+                       "the largest GPU (80 GiB); write at most 320")
+
+
+def test_the_largest_gpu_is_configurable() -> None:
+    config = Config(max_gpu_memory=141 * GIB)
+    assert create(pod(shared("train", memory="564")), config).allowed
+    assert "write at most 564" in denial(pod(shared("train", memory="565")), config)
+
+
+def test_one_container_may_not_mix_two_domains() -> None:
+    mixed = container("train", limits={"docker.com/vcuda-core": "30",
+                                       "tencent.com/vcuda-memory": "40"})
+    assert "mixes vcuda resources of docker.com and tencent.com" in denial(pod(mixed))
+
+
+def test_every_problem_of_a_pod_is_reported_at_once() -> None:
+    message = denial(pod(shared("a", cores="150"), shared("b", memory="0")))
+    assert 'container "a"' in message and 'container "b"' in message
+
+
+def test_two_shared_containers_with_one_name_are_denied() -> None:
+    message = denial(pod(shared("train"), init=(shared("train"),)))
+    assert 'the name "train" is used by two containers' in message
+
+
+def test_a_container_without_a_name_is_denied() -> None:
+    assert "without a name" in denial(pod(shared("")))
+
+
+# --- requests must equal limits --------------------------------------------------------------
+
+def test_requests_equal_to_limits_are_allowed_and_get_the_resource_too() -> None:
+    limits = {"docker.com/vcuda-core": "30", "docker.com/vcuda-memory": "40"}
+    result = patched(pod(container("train", limits=limits, requests=dict(limits))))
+    resources = result["spec"]["containers"][0]["resources"]
+    assert resources["requests"]["nvidia.com/gpu.shared"] == "1"
+    assert resources["limits"]["nvidia.com/gpu.shared"] == "1"
+
+
+def test_requests_that_differ_from_limits_are_denied() -> None:
+    limits = {"docker.com/vcuda-core": "30", "docker.com/vcuda-memory": "40"}
+    requests = {"docker.com/vcuda-core": "20", "docker.com/vcuda-memory": "40"}
+    message = denial(pod(container("train", limits=limits, requests=requests)))
+    assert "requests docker.com/vcuda-core (20) differs from limits (30)" in message
+    assert "remove it from requests or make it equal" in message
+
+
+def test_requests_without_limits_are_denied() -> None:
+    requests = {"docker.com/vcuda-core": "30", "docker.com/vcuda-memory": "40"}
+    message = denial(pod(container("train", requests=requests)))
+    assert "docker.com/vcuda-core is in requests but not in limits" in message
+    assert "move it to resources.limits" in message
+
+
+# --- the device-plugin resources -------------------------------------------------------------
+
+def test_asking_for_the_shared_resource_directly_is_denied() -> None:
+    message = denial(pod(container("train", limits={"nvidia.com/gpu.shared": "1"})))
+    assert message == ('container "train" asks for nvidia.com/gpu.shared directly, which would '
+                       "give it a shared GPU without limits; ask for docker.com/vcuda-core: 1..99 "
+                       "and docker.com/vcuda-memory: N (units of 256 MiB) instead")
+
+
+def test_asking_for_the_shared_resource_directly_may_be_allowed_by_config() -> None:
+    decision = create(pod(container("train", limits={"nvidia.com/gpu.shared": "1"})),
+                      Config(deny_direct_shared=False))
+    assert decision == Decision(allowed=True)
+
+
+def test_whole_gpus_asked_for_directly_are_left_alone() -> None:
+    assert create(pod(container("train", limits={"nvidia.com/gpu": "1"}))) == Decision(True)
+
+
+def test_a_share_that_also_asks_for_whole_gpus_is_denied() -> None:
+    both = shared("train")
+    both["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    assert "limits has nvidia.com/gpu, which does not go with" in denial(pod(both))
+
+
+def test_a_backend_count_that_disagrees_with_the_cores_is_denied() -> None:
+    wrong = container("train", limits={"docker.com/vcuda-core": "200", "nvidia.com/gpu": "1"})
+    assert "limits nvidia.com/gpu: 1 disagrees with docker.com/vcuda-core" in denial(pod(wrong))
+
+
+# --- security --------------------------------------------------------------------------------
+
+def test_a_privileged_container_may_not_share_a_gpu() -> None:
+    message = denial(pod(shared("train", security_context={"privileged": True})))
+    assert message == ('container "train" is privileged and shares a GPU, which would let it lift '
+                       "its own limits; drop that from securityContext, or ask for whole GPUs "
+                       "(docker.com/vcuda-core: 100)")
+
+
+@pytest.mark.parametrize("capability", ["SYS_ADMIN", "CAP_SYS_ADMIN", "ALL", "sys_admin"])
+def test_a_container_that_adds_sys_admin_may_not_share_a_gpu(capability: str) -> None:
+    context = {"capabilities": {"add": ["NET_BIND_SERVICE", capability]}}
+    assert f"adds capability {capability}" in denial(pod(shared("train",
+                                                                security_context=context)))
+
+
+def test_a_privileged_container_may_have_whole_gpus() -> None:
+    privileged = container("train", limits={"docker.com/vcuda-core": "100"},
+                           security_context={"privileged": True})
+    assert create(pod(privileged)).allowed
+
+
+def test_a_hand_written_annotation_is_replaced_on_create() -> None:
+    forged = '{"train":{"cores":99,"memory":85899345920}}'
+    decision = create(pod(shared("train"), annotations={LIMITS_ANNOTATION: forged}))
+    assert {"op": "replace", "path": "/metadata/annotations/vcuda.io~1limits",
+            "value": '{"train":{"cores":30,"memory":10737418240}}'} in decision.patch
+    assert decision.warnings == (f"{LIMITS_ANNOTATION} was replaced: only vcuda writes it",)
+
+
+def test_a_hand_written_annotation_on_a_pod_without_shares_is_removed() -> None:
+    forged = {LIMITS_ANNOTATION: '{"train":{"cores":99,"memory":1}}', "team": "vision"}
+    decision = create(pod(container("train"), annotations=forged))
+    assert decision.patch == ({"op": "remove", "path": "/metadata/annotations/vcuda.io~1limits"},)
+    assert "was removed" in decision.warnings[0]
+
+
+def test_another_runtime_class_is_replaced_with_a_warning() -> None:
+    decision = create(pod(shared("train"), runtime_class="nvidia"))
+    assert {"op": "replace", "path": "/spec/runtimeClassName", "value": "vcuda"} in decision.patch
+    assert decision.warnings == ("runtimeClassName nvidia was replaced by vcuda, which shared "
+                                 "GPUs need",)
+
+
+# --- update ----------------------------------------------------------------------------------
+
+def update(new: dict[str, Any], old: dict[str, Any]) -> Decision:
+    return decide(as_pod(new), "UPDATE", as_pod(old), DEFAULT)
+
+
+def test_an_update_that_changes_the_annotation_is_denied() -> None:
+    stored = patched(pod(shared("train")))
+    changed = json.loads(json.dumps(stored))
+    changed["metadata"]["annotations"][LIMITS_ANNOTATION] = '{"train":{"cores":99,"memory":1}}'
+    decision = update(changed, stored)
+    assert not decision.allowed
+    assert "vcuda.io/limits is written by vcuda when the pod is created" in decision.message
+    assert "create a new pod" in decision.message
+
+
+def test_an_update_that_removes_or_adds_the_annotation_is_denied() -> None:
+    stored = patched(pod(shared("train")))
+    bare = json.loads(json.dumps(stored))
+    del bare["metadata"]["annotations"]
+    assert not update(bare, stored).allowed
+    assert not update(stored, bare).allowed
+
+
+def test_an_update_that_keeps_the_annotation_is_allowed_unchanged() -> None:
+    stored = patched(pod(shared("train")))
+    relabelled = json.loads(json.dumps(stored))
+    relabelled["metadata"]["labels"]["stage"] = "done"
+    assert update(relabelled, stored) == Decision(allowed=True)
+
+
+def test_an_update_of_a_pod_from_before_the_webhook_is_not_patched() -> None:
+    old = pod(shared("train"))
+    assert update(old, old) == Decision(allowed=True)
+
+
+def test_an_update_without_the_stored_pod_is_denied() -> None:
+    decision = decide(as_pod(pod(shared("train"))), "UPDATE", None, DEFAULT)
+    assert "request.oldObject" in decision.message
+
+
+@pytest.mark.parametrize("operation", ["DELETE", "CONNECT"])
+def test_delete_and_connect_are_allowed_without_review(operation: str) -> None:
+    assert decide(None, operation, None, DEFAULT) == Decision(allowed=True)
+
+
+def test_an_unknown_operation_is_denied() -> None:
+    assert "unknown operation 'PATCH'" in decide(None, "PATCH", None, DEFAULT).message
+
+
+def test_a_create_without_a_pod_is_denied() -> None:
+    assert "request.object is missing" in decide(None, "CREATE", None, DEFAULT).message
+
+
+# --- idempotence -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("original", [
+    pod(shared("train")),
+    pod(shared("train"), annotations={"team": "vision"}, runtime_class="nvidia"),
+    pod(shared("a"), container("b", limits={"docker.com/vcuda-core": "200"}),
+        init=(shared("c", cores="5", memory="1"),)),
+    pod(container("train", limits={"docker.com/vcuda-core": "30",
+                                   "docker.com/vcuda-memory": "40"},
+                  requests={"docker.com/vcuda-core": "30", "docker.com/vcuda-memory": "40"})),
+    pod(container("train"), annotations={LIMITS_ANNOTATION: "{}"}),
+], ids=["shared", "annotated", "mixed", "requests", "forged"])
+def test_reviewing_the_webhooks_own_output_changes_nothing(original: dict[str, Any]) -> None:
+    once = patched(original)
+    again = create(once)
+    assert again.allowed
+    assert again.patch == ()
+
+
+def test_a_pod_without_gpus_gets_no_patch() -> None:
+    plain = pod(container("web", limits={"cpu": "1", "memory": "1Gi"}), container("bare"))
+    assert create(plain) == Decision(allowed=True)

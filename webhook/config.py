@@ -1,0 +1,121 @@
+"""The webhook's policy settings: defaults, and loading them from a JSON file."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from webhook.quantity import QuantityError, parse_whole_quantity
+
+MEMORY_UNIT = 256 << 20  # bytes in one vcuda-memory unit
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_RESOURCE_NAME = re.compile(r"[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+class ConfigError(ValueError):
+    """The configuration is unusable; the message names the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """What the policy accepts and what it writes into pods.
+
+    Attributes:
+        domains: resource domains whose ``<domain>/vcuda-core`` and
+            ``<domain>/vcuda-memory`` requests vcuda handles.
+        shared_resource: device-plugin resource a shared-mode container gets one of.
+        exclusive_resource: device-plugin resource of whole GPUs.
+        runtime_class: RuntimeClass set on pods with a shared-mode container.
+        max_gpu_memory: bytes of the largest GPU; larger memory requests are denied.
+        deny_direct_shared: deny containers that ask for ``shared_resource``
+            themselves, which would give them a shared GPU with no limits.
+    """
+
+    domains: tuple[str, ...] = ("docker.com", "tencent.com")
+    shared_resource: str = "nvidia.com/gpu.shared"
+    exclusive_resource: str = "nvidia.com/gpu"
+    runtime_class: str = "vcuda"
+    max_gpu_memory: int = 80 << 30
+    deny_direct_shared: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.domains:
+            raise ConfigError("domains: give at least one resource domain")
+        for domain in self.domains:
+            if not _DNS_SUBDOMAIN.fullmatch(domain):
+                raise ConfigError(f"domains: {domain!r} is not a DNS name like 'docker.com'")
+        if len(set(self.domains)) != len(self.domains):
+            raise ConfigError("domains: a domain is listed twice")
+        for key in ("shared_resource", "exclusive_resource"):
+            if not _RESOURCE_NAME.fullmatch(getattr(self, key)):
+                raise ConfigError(f"{key}: {getattr(self, key)!r} is not a resource name "
+                                  "like 'nvidia.com/gpu'")
+        if self.shared_resource == self.exclusive_resource:
+            raise ConfigError("shared_resource and exclusive_resource must differ")
+        if not _DNS_SUBDOMAIN.fullmatch(self.runtime_class):
+            raise ConfigError(f"runtime_class: {self.runtime_class!r} is not a RuntimeClass name")
+        if self.max_gpu_memory < MEMORY_UNIT:
+            raise ConfigError(f"max_gpu_memory: must be at least 256Mi, got {self.max_gpu_memory}")
+
+    @cached_property
+    def vcuda_keys(self) -> tuple[tuple[str, str, str], ...]:
+        """(domain, core resource, memory resource) for each domain."""
+        return tuple((d, f"{d}/vcuda-core", f"{d}/vcuda-memory") for d in self.domains)
+
+
+_TYPES: dict[str, tuple[type, str]] = {
+    "domains": (list, "a list of domain names"),
+    "shared_resource": (str, "a resource name"),
+    "exclusive_resource": (str, "a resource name"),
+    "runtime_class": (str, "a RuntimeClass name"),
+    "max_gpu_memory": (str, "a quantity such as \"80Gi\" or a number of bytes"),
+    "deny_direct_shared": (bool, "true or false"),
+}
+
+
+def config_from_mapping(values: Any) -> Config:
+    """Build a Config from parsed JSON; keys left out keep their defaults."""
+    if not isinstance(values, dict):
+        raise ConfigError("the configuration must be a JSON object")
+    unknown = sorted(set(values) - set(_TYPES))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r}; known keys: {', '.join(_TYPES)}")
+    settings: dict[str, Any] = {}
+    for key, value in values.items():
+        settings[key] = _convert(key, value)
+    return Config(**settings)
+
+
+def load_config(path: Path) -> Config:
+    """Read and check a JSON configuration file; raise ConfigError naming the file."""
+    try:
+        values = msgspec.json.decode(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    try:
+        return config_from_mapping(values)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _convert(key: str, value: Any) -> Any:
+    kind, wanted = _TYPES[key]
+    if key == "max_gpu_memory":
+        try:
+            return parse_whole_quantity(value)
+        except QuantityError:
+            raise ConfigError(f"{key}: expected {wanted}, got {value!r}") from None
+    if key == "domains":
+        if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
+            raise ConfigError(f"{key}: expected {wanted}, got {value!r}")
+        return tuple(value)
+    if not isinstance(value, kind):
+        raise ConfigError(f"{key}: expected {wanted}, got {value!r}")
+    return value

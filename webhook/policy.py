@@ -1,0 +1,320 @@
+"""The admission policy: from a pod and the operation to a decision and a JSON Patch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import msgspec
+
+from webhook.config import MEMORY_UNIT, Config
+from webhook.patch import Operation, PatchBuilder, escape
+from webhook.pod import Container, ObjectMeta, Pod, Quantity
+from webhook.quantity import QuantityError, parse_whole_quantity
+
+LIMITS_ANNOTATION = "vcuda.io/limits"
+_ESCALATING_CAPABILITIES = frozenset({"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"})
+_Values = Optional[dict[str, Quantity]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the webhook answers: allowed or not, why, warnings, and the patch."""
+
+    allowed: bool
+    message: str = ""
+    warnings: tuple[str, ...] = ()
+    patch: tuple[Operation, ...] = ()
+
+    @classmethod
+    def deny(cls, message: str) -> Decision:
+        """A denial whose message tells the user what to write instead."""
+        return cls(allowed=False, message=message)
+
+
+_UNCHANGED = Decision(allowed=True)
+
+
+def decide(pod: Pod | None, operation: str, old_pod: Pod | None, config: Config) -> Decision:
+    """Review one pod.
+
+    Args:
+        pod: the pod as sent by the API server (``request.object``).
+        operation: ``CREATE``, ``UPDATE``, ``DELETE`` or ``CONNECT``.
+        old_pod: the stored pod on UPDATE (``request.oldObject``), else None.
+        config: the policy settings.
+    """
+    if operation == "CREATE":
+        if pod is None:
+            return Decision.deny("the review holds no pod: request.object is missing")
+        return _review_create(pod, config)
+    if operation == "UPDATE":
+        if pod is None or old_pod is None:
+            return Decision.deny("the review of an UPDATE needs request.object and "
+                                 "request.oldObject")
+        return _review_update(pod, old_pod)
+    if operation in ("DELETE", "CONNECT"):
+        return _UNCHANGED
+    return Decision.deny(f"unknown operation {operation!r}; expected CREATE or UPDATE")
+
+
+@dataclass
+class _Findings:
+    """What the review of one pod's containers found, gathered before deciding."""
+
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    limits: dict[str, dict[str, int]] = field(default_factory=dict)
+    patch: PatchBuilder = field(default_factory=PatchBuilder)
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """How one container uses GPUs: the device-plugin resource it gets, and its limits."""
+
+    backend: str
+    count: int
+    conflicting: str
+    limits: dict[str, int] | None  # None for whole GPUs
+
+
+def _review_create(pod: Pod, config: Config) -> Decision:
+    findings = _Findings()
+    spec = pod.spec
+    for list_name, label, containers in (("initContainers", "init container",
+                                          spec.init_containers),
+                                         ("containers", "container", spec.containers)):
+        for index, container in enumerate(containers or ()):
+            _review_container(container, f"/spec/{list_name}/{index}/resources/", label,
+                              config, findings)
+    if findings.problems:
+        return Decision.deny("; ".join(findings.problems))
+    _write_pod_fields(pod, config, findings)
+    if not findings.patch.operations and not findings.warnings:
+        return _UNCHANGED
+    return Decision(allowed=True, warnings=tuple(findings.warnings),
+                    patch=tuple(findings.patch.operations))
+
+
+def _review_update(pod: Pod, old_pod: Pod) -> Decision:
+    new_value = _annotation(pod.metadata)
+    old_value = _annotation(old_pod.metadata)
+    if new_value == old_value:
+        return _UNCHANGED
+    was = "absent" if old_value is None else f"'{old_value}'"
+    return Decision.deny(
+        f"{LIMITS_ANNOTATION} is written by vcuda when the pod is created and cannot be "
+        f"changed afterwards; keep it as it was ({was}). To change a pod's GPU limits, "
+        "create a new pod with other vcuda-core and vcuda-memory limits")
+
+
+def _review_container(container: Container, resources_path: str, label: str, config: Config,
+                      findings: _Findings) -> None:
+    """Check one container; record its limits and the patch of its resources."""
+    resources = container.resources
+    if resources is None or not (resources.limits or resources.requests):
+        return
+    limits, requests = resources.limits, resources.requests
+    who = f'{label} "{container.name}"'
+    keys = _vcuda_keys(limits, requests, config, who, findings.problems)
+    if keys is None:
+        return
+    if not container.name:
+        findings.problems.append(f"a {label} without a name asks for {keys[0]}; name it")
+        return
+    core_key = keys[0]
+    count_before = len(findings.problems)
+    _check_requests_match_limits(limits, requests, keys, who, findings.problems)
+    mode = _mode(container, limits, keys, who, config, findings)
+    if mode is None:
+        return
+    for kind, values in (("limits", limits), ("requests", requests)):
+        _check_backend(values, kind, mode, who, core_key, findings.problems)
+    if len(findings.problems) > count_before:
+        return
+    count = str(mode.count)
+    # A backend resource already present agrees (checked above), so only add.
+    if mode.backend not in limits:
+        findings.patch.add(resources_path + "limits/" + escape(mode.backend), count)
+    if requests and core_key in requests and mode.backend not in requests:
+        findings.patch.add(resources_path + "requests/" + escape(mode.backend), count)
+    if mode.limits is not None:
+        if container.name in findings.limits:
+            findings.problems.append(f'{who}: the name "{container.name}" is used by two '
+                                     "containers; give each container its own name")
+        findings.limits[container.name] = mode.limits
+
+
+def _vcuda_keys(limits: _Values, requests: _Values, config: Config, who: str,
+                problems: list[str]) -> tuple[str, str] | None:
+    """Return the (core, memory) resource names the container uses, or None if none."""
+    used = [keys for keys in config.vcuda_keys
+            if (limits and (keys[1] in limits or keys[2] in limits))
+            or (requests and (keys[1] in requests or keys[2] in requests))]
+    if len(used) == 1:
+        return used[0][1:]
+    if used:
+        problems.append(
+            f"{who} mixes vcuda resources of {' and '.join(k[0] for k in used)}; "
+            f"write all of them under one domain, e.g. {used[0][1]} and {used[0][2]}")
+    elif config.deny_direct_shared and (
+            (limits and config.shared_resource in limits)
+            or (requests and config.shared_resource in requests)):
+        core_key, memory_key = config.vcuda_keys[0][1:]
+        problems.append(
+            f"{who} asks for {config.shared_resource} directly, which would give it a shared "
+            f"GPU without limits; ask for {core_key}: 1..99 and {memory_key}: N "
+            "(units of 256 MiB) instead")
+    return None
+
+
+def _check_requests_match_limits(limits: _Values, requests: _Values, keys: tuple[str, str],
+                                 who: str, problems: list[str]) -> None:
+    if not requests:
+        return
+    for key in keys:
+        if key not in requests:
+            continue
+        if not limits or key not in limits:
+            problems.append(f"{who}: {key} is in requests but not in limits; vcuda needs "
+                            "only limits: move it to resources.limits")
+            continue
+        try:
+            equal = parse_whole_quantity(requests[key]) == parse_whole_quantity(limits[key])
+        except QuantityError:
+            continue  # the limit's own check reports the bad value
+        if not equal:
+            problems.append(f"{who}: requests {key} ({requests[key]}) differs from limits "
+                            f"({limits[key]}); vcuda needs only limits: remove it from "
+                            "requests or make it equal")
+
+
+def _mode(container: Container, limits: _Values, keys: tuple[str, str], who: str,
+          config: Config, findings: _Findings) -> _Mode | None:
+    """Work out shared or exclusive mode from the container's limits; None after a problem."""
+    core_key, memory_key = keys
+    problems = findings.problems
+    if not limits or core_key not in limits:
+        problems.append(f"{who}: {memory_key} needs {core_key}; add {core_key}: 1..99 to "
+                        f"share one GPU, or {core_key}: 100 for a whole GPU")
+        return None
+    cores = _whole(limits, core_key, who, problems)
+    if cores is None:
+        return None
+    if 1 <= cores <= 99:
+        _check_unprivileged(container, who, core_key, problems)
+        memory = _shared_memory(limits, keys, cores, who, config, problems)
+        if memory is None:
+            return None
+        return _Mode(config.shared_resource, 1, config.exclusive_resource,
+                     {"cores": cores, "memory": memory})
+    if cores >= 100 and cores % 100 == 0:
+        if memory_key in limits:
+            findings.warnings.append(f"{who}: {memory_key} is ignored with whole GPUs "
+                                     f"({core_key}: {cores})")
+        return _Mode(config.exclusive_resource, cores // 100, config.shared_resource, None)
+    problems.append(f"{who}: {core_key}: {cores} is neither a share of one GPU (1..99) "
+                    "nor whole GPUs (100, 200, ...); write one of those")
+    return None
+
+
+def _whole(values: dict[str, Quantity], key: str, who: str, problems: list[str]) -> int | None:
+    try:
+        return parse_whole_quantity(values[key])
+    except QuantityError as exc:
+        problems.append(f"{who}: {key}: {exc}; write a whole number")
+        return None
+
+
+def _shared_memory(limits: dict[str, Quantity], keys: tuple[str, str], cores: int, who: str,
+                   config: Config, problems: list[str]) -> int | None:
+    """Return the bytes a shared-mode container may use, or None after a problem."""
+    core_key, memory_key = keys
+    if memory_key not in limits:
+        problems.append(f"{who}: {core_key}: {cores} shares a GPU, so {memory_key} is "
+                        f"required; add {memory_key}: N in units of 256 MiB (40 = 10 GiB)")
+        return None
+    units = _whole(limits, memory_key, who, problems)
+    if units is None:
+        return None
+    largest = config.max_gpu_memory // MEMORY_UNIT
+    if units < 1:
+        problems.append(f"{who}: {memory_key}: {units} must be at least 1 (256 MiB); "
+                        "write N in units of 256 MiB (40 = 10 GiB)")
+        return None
+    if units > largest:
+        problems.append(f"{who}: {memory_key}: {units} ({_gib(units * MEMORY_UNIT)}) is more "
+                        f"than the largest GPU ({_gib(config.max_gpu_memory)}); write at most "
+                        f"{largest}")
+        return None
+    return units * MEMORY_UNIT
+
+
+def _check_unprivileged(container: Container, who: str, core_key: str,
+                        problems: list[str]) -> None:
+    context = container.security_context
+    if context is None:
+        return
+    added = context.capabilities.add if context.capabilities else None
+    escalating = sorted({c for c in added or () if c.upper() in _ESCALATING_CAPABILITIES})
+    if context.privileged:
+        reason = "is privileged"
+    elif escalating:
+        reason = f"adds capability {escalating[0]}"
+    else:
+        return
+    problems.append(f"{who} {reason} and shares a GPU, which would let it lift its own limits; "
+                    f"drop that from securityContext, or ask for whole GPUs ({core_key}: 100)")
+
+
+def _check_backend(values: _Values, kind: str, mode: _Mode, who: str, core_key: str,
+                   problems: list[str]) -> None:
+    """The device-plugin resources already present must agree with what vcuda writes."""
+    if not values:
+        return
+    backend, other = mode.backend, mode.conflicting
+    if other in values:
+        problems.append(f"{who}: {kind} has {other}, which does not go with {core_key}; "
+                        f"remove {other}: vcuda writes the device-plugin resource itself")
+    if backend in values:
+        try:
+            agrees = parse_whole_quantity(values[backend]) == mode.count
+        except QuantityError:
+            agrees = False
+        if not agrees:
+            problems.append(f"{who}: {kind} {backend}: {values[backend]} disagrees with "
+                            f"{core_key}; remove {backend}: vcuda writes it itself")
+
+
+def _write_pod_fields(pod: Pod, config: Config, findings: _Findings) -> None:
+    """Patch the annotation and the runtime class to what the containers need."""
+    annotations = pod.metadata.annotations
+    given = annotations.get(LIMITS_ANNOTATION) if annotations else None
+    patch = findings.patch
+    if not findings.limits:
+        if given is not None:
+            patch.remove("/metadata/annotations", LIMITS_ANNOTATION)
+            findings.warnings.append(f"{LIMITS_ANNOTATION} was removed: only vcuda writes it, "
+                                     "and no container shares a GPU")
+        return
+    value = msgspec.json.encode(findings.limits, order="sorted").decode()
+    if annotations is None:
+        patch.add("/metadata/annotations", {LIMITS_ANNOTATION: value})
+    else:
+        patch.put("/metadata/annotations", LIMITS_ANNOTATION, given, value)
+    if given is not None and given != value:
+        findings.warnings.append(f"{LIMITS_ANNOTATION} was replaced: only vcuda writes it")
+    runtime_class = pod.spec.runtime_class_name
+    patch.put("/spec", "runtimeClassName", runtime_class, config.runtime_class)
+    if runtime_class is not None and runtime_class != config.runtime_class:
+        findings.warnings.append(f"runtimeClassName {runtime_class} was replaced by "
+                                 f"{config.runtime_class}, which shared GPUs need")
+
+
+def _annotation(metadata: ObjectMeta) -> str | None:
+    annotations = metadata.annotations
+    return annotations.get(LIMITS_ANNOTATION) if annotations else None
+
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):g} GiB"
