@@ -1,0 +1,192 @@
+"""The vcuda-webhook HTTPS server: routes, command line, start-up and shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from aiohttp import web
+
+from webhook.admission import Answer, admit, refuse
+from webhook.config import Config, ConfigError, load_config
+from webhook.logs import make_logger
+from webhook.metrics import CONTENT_TYPE, Metrics, decision_label
+from webhook.pki import issue_serving_cert, make_ca
+from webhook.review import MAX_BODY, body_too_large
+from webhook.tls import CertificateError, CertificateReloader
+
+DEFAULT_PORT = 8443
+
+
+class _Handlers:
+    """The routes' handlers; /mutate only moves bytes, times, counts and logs."""
+
+    def __init__(self, config: Config, certificates: CertificateReloader, log: Any) -> None:
+        self._config = config
+        self._certificates = certificates
+        self._log = log
+        self.metrics = Metrics(certificates.seconds_left)
+
+    async def mutate(self, request: web.Request) -> web.Response:
+        started = perf_counter()
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            answer = refuse(body_too_large(request.content_length))
+        else:
+            answer = admit(body, self._config)
+        seconds = perf_counter() - started
+        decision = decision_label(answer)
+        self.metrics.observe(decision, seconds)
+        self._log_answer(answer, decision, seconds)
+        content_type = "application/json" if answer.status == 200 else "text/plain"
+        return web.Response(status=answer.status, body=answer.body, content_type=content_type)
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def readyz(self, _: web.Request) -> web.Response:
+        if self._certificates.seconds_left() <= 0:
+            return web.Response(status=503, text="the serving certificate has expired\n")
+        return web.Response(text="ok\n")
+
+    async def metrics_text(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    def _log_answer(self, answer: Answer, decision: str, seconds: float) -> None:
+        request = answer.request
+        if request is None:
+            self._log.warning("review", decision=decision, reason=answer.error)
+            return
+        verdict = answer.decision
+        assert verdict is not None  # set whenever request is
+        if not verdict.allowed:
+            reason = verdict.message
+        elif verdict.patch:
+            reason = "patched " + ", ".join(op["path"] for op in verdict.patch)
+        else:
+            reason = "nothing to change"
+        self._log.info("review", uid=request.uid, namespace=request.namespace,
+                       pod=request.name, operation=request.operation, decision=decision,
+                       reason=reason, warnings=verdict.warnings, dry_run=request.dry_run,
+                       ms=round(seconds * 1000, 3))
+
+
+def build_app(config: Config, certificates: CertificateReloader, log: Any,
+              reload_interval: float = 1.0) -> web.Application:
+    """Return the aiohttp application; it polls the certificate files while it runs.
+
+    Args:
+        config: the policy settings.
+        certificates: owner of the SSLContext the site serves with.
+        log: a structlog logger (see ``webhook.logs.make_logger``).
+        reload_interval: seconds between looks at the certificate files.
+    """
+    handlers = _Handlers(config, certificates, log)
+    app = web.Application(client_max_size=MAX_BODY)
+    app.router.add_post("/mutate", handlers.mutate)
+    app.router.add_get("/healthz", handlers.healthz)
+    app.router.add_get("/readyz", handlers.readyz)
+    app.router.add_get("/metrics", handlers.metrics_text)
+    app.cleanup_ctx.append(_watching(certificates, reload_interval))
+    return app
+
+
+def _watching(certificates: CertificateReloader,
+              interval: float) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def watch(_: web.Application) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(certificates.watch(interval))
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return watch
+
+
+def write_self_signed(directory: Path) -> tuple[Path, Path, Path]:
+    """Write a throwaway CA and a localhost serving certificate; return (ca, cert, key) files."""
+    now = datetime.now(timezone.utc)
+    ca = make_ca("vcuda-webhook throwaway CA")
+    serving = issue_serving_cert(ca, ["localhost"], now - timedelta(minutes=5),
+                                 now + timedelta(days=7), ip_addresses=["127.0.0.1", "::1"])
+    files = directory / "ca.crt", directory / "tls.crt", directory / "tls.key"
+    for path, data in zip(files, (ca.certificate_pem, serving.certificate_pem, serving.key_pem)):
+        path.touch(mode=0o600)
+        path.write_bytes(data)
+    return files
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vcuda-webhook",
+        description="Admission webhook of vcuda: checks the docker.com/vcuda-core and "
+                    "vcuda-memory limits of new pods and adds the device-plugin resource, the "
+                    "vcuda.io/limits annotation and the vcuda runtime class. Serves POST "
+                    "/mutate (AdmissionReview v1), GET /healthz, /readyz and /metrics over "
+                    "HTTPS. Logs one JSON line per review on standard output.")
+    parser.add_argument("--host", default=None,
+                        help="address to listen on (default: all addresses)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port to listen on (default: {DEFAULT_PORT})")
+    parser.add_argument("--cert-file", type=Path,
+                        help="PEM serving certificate, then any intermediates; reloaded when "
+                             "it changes (e.g. tls.crt of a mounted Secret)")
+    parser.add_argument("--key-file", type=Path,
+                        help="PEM private key of --cert-file, unencrypted (e.g. tls.key)")
+    parser.add_argument("--self-signed", action="store_true",
+                        help="serve with a throwaway CA and localhost certificate made at start, "
+                             "for trying the webhook locally; the CA's file is logged")
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="JSON policy settings (keys in README.md, section Webhook); "
+                             "keys left out keep their defaults")
+    parser.add_argument("--reload-interval", type=float, default=1.0, metavar="SECONDS",
+                        help="how often to look for a new certificate and key (default: 1)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the webhook until SIGINT or SIGTERM."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.self_signed == bool(args.cert_file or args.key_file):
+        parser.error("give --cert-file and --key-file, or --self-signed to try it locally")
+    if not args.self_signed and not (args.cert_file and args.key_file):
+        parser.error("--cert-file and --key-file go together")
+    if args.reload_interval <= 0:
+        parser.error("--reload-interval must be more than 0")
+    log = make_logger(sys.stdout.buffer)
+    try:
+        config = load_config(args.config) if args.config else Config()
+    except ConfigError as exc:
+        parser.error(f"--config {exc}")
+    with contextlib.ExitStack() as cleanup:
+        cert_file, key_file = args.cert_file, args.key_file
+        if args.self_signed:
+            scratch = Path(cleanup.enter_context(tempfile.TemporaryDirectory(
+                prefix="vcuda-webhook-")))
+            ca_file, cert_file, key_file = write_self_signed(scratch)
+            log.info("self_signed", ca_file=str(ca_file),
+                     try_it=f"curl --cacert {ca_file} https://localhost:{args.port}/healthz")
+        try:
+            certificates = CertificateReloader(cert_file, key_file, log)
+        except CertificateError as exc:
+            parser.error(str(exc))
+        app = build_app(config, certificates, log, args.reload_interval)
+        log.info("serving", host=args.host or "all addresses", port=args.port,
+                 domains=list(config.domains), runtime_class=config.runtime_class)
+        web.run_app(app, host=args.host, port=args.port, ssl_context=certificates.context,
+                    access_log=None, print=None, shutdown_timeout=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
