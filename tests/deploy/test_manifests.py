@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import subprocess
 from typing import Any
@@ -20,6 +21,8 @@ from tests.deploy.manifests import (
     find,
     manifest_files,
 )
+from webhook.config import Config
+from webhook.policy import LIMITS_ANNOTATION
 
 NAMESPACE = "vcuda-system"
 
@@ -321,3 +324,11 @@ def test_every_container_uses_the_one_vcuda_image() -> None:
             for container in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
                 images.add(container["image"])
     assert images == {"vcuda/vcuda:0.1.0"}
+
+
+def test_match_conditions_name_the_webhooks_default_resources_and_annotation() -> None:
+    defaults = Config()
+    wanted = {r for _, core, memory in defaults.vcuda_keys for r in (core, memory)}
+    wanted |= {defaults.shared_resource, LIMITS_ANNOTATION}
+    [condition] = _webhook()["matchConditions"]
+    assert set(re.findall(r"'([^']+)'", condition["expression"])) - {"UPDATE"} == wanted
