@@ -13,9 +13,10 @@ only: the hook imports it on the start of every limited container.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
+from collections import namedtuple
+
+from runtime_hook import fast_json
 
 FORMAT_VERSION = 1
 
@@ -24,17 +25,16 @@ class InventoryError(ValueError):
     """The inventory file exists but cannot be used; the message says why."""
 
 
-@dataclass(frozen=True)
-class Gpu:
-    """One GPU of the node."""
+class Gpu(namedtuple("Gpu", "uuid index memory")):
+    """One GPU of the node: its UUID, its index, its total memory in bytes."""
 
-    uuid: str
-    index: int
-    memory: int
+    __slots__ = ()
 
 
 def write(path: str, gpus: list[Gpu]) -> None:
     """Replace the inventory at ``path`` with ``gpus``, atomically."""
+    import json  # only the node agent writes: the hook, which only reads, need not load it
+
     body = {
         "version": FORMAT_VERSION,
         "gpus": [{"uuid": g.uuid, "index": g.index, "memory": g.memory} for g in gpus],
@@ -57,7 +57,7 @@ def read(path: str) -> dict[str, Gpu] | None:
     except OSError as exc:
         raise InventoryError(f"GPU inventory {path} cannot be read: {exc.strerror}") from None
     try:
-        body = json.loads(text)
+        body = fast_json.loads(text)
         if body["version"] != FORMAT_VERSION:
             raise InventoryError(f"GPU inventory {path} has version {body['version']!r}")
         gpus = [_gpu(entry) for entry in body["gpus"]]

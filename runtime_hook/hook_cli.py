@@ -1,136 +1,185 @@
-"""The hook's command line: flags, the stage to run, and the one-line error a runtime shows."""
+"""The hook's command line: its flags, the stage to run, and the one-line error a runtime shows.
+
+The flags are read by hand rather than with argparse: argparse (with the
+``re`` it imports) would add more to every container start than poststop
+costs in all. Only prestart loads the rest of the hook.
+"""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from runtime_hook import stages
-from runtime_hook.gpu_inventory import InventoryError
 from runtime_hook.hook_errors import HookError
 from runtime_hook.hook_log import LEVELS, HookLog
-from runtime_hook.ledger import LedgerError
-from runtime_hook.limits_decision import container_name, pod_of
-from runtime_hook.limits_file import LimitsFormatError
-from runtime_hook.oci_spec import Container, load_config, parse_state
+from runtime_hook.node_state import StateDir
 
 DEFAULT_STATE_DIR = "/run/vcuda"
 DEFAULT_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
+STAGES = ("prestart", "poststop")
+LOCK_TIMEOUT = 5.0  # seconds; the manifests give the hook 10
 
-_DESCRIPTION = """\
-OCI hook of vcuda. Run by the container runtime (runc, crun) with the OCI
-state on stdin: 'prestart' makes libvcuda.so, /etc/vcuda/limits and
-/etc/ld.so.preload present inside each container that has an entry in the
-pod annotation vcuda.io/limits, after checking that its GPU memory fits on
-this node; 'poststop' releases that memory. Other containers are left
-untouched. On failure it prints one line on stderr and exits 1, and the
-runtime does not start the container.
+USAGE = "usage: vcuda-hook {prestart,poststop} [--OPTION VALUE ...]  (--help explains)"
+_ABOUT = """\
+OCI hook of vcuda, run by the container runtime (runc, crun) with the OCI
+state on stdin. prestart: for a container that has an entry in the pod
+annotation vcuda.io/limits, commit its GPU memory on this node (refused when
+the GPU is full) and make libvcuda.so, a read-only /etc/vcuda/limits and
+/etc/ld.so.preload present inside it. poststop: release what containers that
+are gone had committed. Containers without limits are left untouched. On
+failure it prints one line on stderr and exits 1, and the container does not
+start.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The hook's argument parser (the manifests' hook entries are checked against it)."""
-    parser = argparse.ArgumentParser(prog="vcuda-hook", description=_DESCRIPTION)
-    parser.add_argument("stage", choices=("prestart", "poststop"), help="OCI hook stage")
-    parser.add_argument(
-        "--state-dir",
-        default=DEFAULT_STATE_DIR,
-        help="root-only directory of the node ledger, per-container files and the log "
-        "(default: %(default)s; a tmpfs is best: its records die with the node)",
-    )
-    parser.add_argument(
-        "--library",
-        default=DEFAULT_LIBRARY,
-        help="host path of libvcuda.so, bind-mounted into containers (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--inventory",
-        help="GPU inventory file written by the node agent (default: STATE_DIR/gpus.json); "
-        "when it is missing, GPU memory is not checked",
-    )
-    parser.add_argument(
-        "--memory-scaling",
-        type=_positive_float,
-        default=1.0,
-        help="share of each GPU's memory that limited containers may commit, "
-        "e.g. 1.5 to overcommit by half (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--account-mib",
-        type=_positive_int,
-        default=4,
-        help="size of each container's /run/vcuda tmpfs in MiB (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--log-file",
-        help="where to append the log (default: STATE_DIR/hook.log; '-': stderr)",
-    )
-    parser.add_argument("--log-level", choices=LEVELS, default="info", help="(default: info)")
-    return parser
+class UsageError(ValueError):
+    """The command line is wrong; the message says how."""
 
 
-def _positive_float(text: str) -> float:
+def _scaling(text: str) -> float:
     value = float(text)
     if not 0 < value <= 100:
-        raise argparse.ArgumentTypeError(f"{text} is not in (0, 100]")
+        raise ValueError(f"{text} is not in (0, 100]")
     return value
 
 
-def _positive_int(text: str) -> int:
+def _positive(text: str) -> int:
     value = int(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive whole number")
+        raise ValueError(f"{text} is not a positive whole number")
     return value
+
+
+def _level(text: str) -> str:
+    if text not in LEVELS:
+        raise ValueError(f"{text!r} is not one of {', '.join(LEVELS)}")
+    return text
+
+
+# flag: (attribute, conversion, default, help)
+_OPTIONS: dict[str, tuple] = {
+    "--state-dir": (
+        "state_dir",
+        str,
+        DEFAULT_STATE_DIR,
+        "root-only directory of the node ledger, per-container files and the log; "
+        "best on a tmpfs, whose records die with the node",
+    ),
+    "--library": ("library", str, DEFAULT_LIBRARY, "host path of libvcuda.so"),
+    "--inventory": (
+        "inventory",
+        str,
+        None,
+        "GPU inventory written by the node agent (default STATE_DIR/gpus.json); "
+        "without it GPU memory is not checked",
+    ),
+    "--memory-scaling": (
+        "memory_scaling",
+        _scaling,
+        1.0,
+        "share of each GPU's memory that limited containers may commit, 1.5 to overcommit",
+    ),
+    "--account-mib": ("account_mib", _positive, 4, "size of each container's /run/vcuda tmpfs"),
+    "--log-file": (
+        "log_file",
+        str,
+        None,
+        "log to append to (default STATE_DIR/hook.log; - stderr)",
+    ),
+    "--log-level": ("log_level", _level, "info", "one of " + ", ".join(LEVELS)),
+}
+
+
+class Flags:
+    """The parsed command line."""
+
+    def __init__(self, stage: str, values: dict[str, object]) -> None:
+        self.stage = stage
+        self.state_dir = str(values["state_dir"])
+        self.library = str(values["library"])
+        self.inventory = str(values["inventory"] or os.path.join(self.state_dir, "gpus.json"))
+        self.memory_scaling = float(values["memory_scaling"])  # type: ignore[arg-type]
+        self.account_mib = int(values["account_mib"])  # type: ignore[call-overload]
+        self.log_file = str(values["log_file"] or os.path.join(self.state_dir, "hook.log"))
+        self.log_level = str(values["log_level"])
+
+
+def help_text() -> str:
+    """What ``--help`` prints."""
+    lines = [USAGE, "", _ABOUT, "options:"]
+    for flag, (_, _, default, text) in _OPTIONS.items():
+        shown = f" (default {default})" if default is not None else ""
+        lines.append(f"  {flag} VALUE\n      {text}{shown}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str]) -> Flags:
+    """Parse ``<stage> [--option value | --option=value ...]``; raise UsageError."""
+    values = {attr: default for attr, _, default, _ in _OPTIONS.values()}
+    stages = []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("--"):
+            stages.append(arg)
+            continue
+        flag, has_value, value = arg.partition("=")
+        if flag not in _OPTIONS:
+            raise UsageError(f"unknown option {flag}")
+        if not has_value:
+            if not args:
+                raise UsageError(f"{flag} needs a value")
+            value = args.pop(0)
+        attr, convert, _, _ = _OPTIONS[flag]
+        try:
+            values[attr] = convert(value)
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
+    if len(stages) != 1 or stages[0] not in STAGES:
+        raise UsageError(f"expected one stage, prestart or poststop, got {stages}")
+    return Flags(stages[0], values)
 
 
 def run(argv: list[str], state: bytes | None) -> int:
-    """Run one stage with ``state`` (read from stdin when None); return the exit status."""
-    args = build_parser().parse_args(argv)
-    options = stages.Options(
-        state_dir=args.state_dir,
-        library=args.library,
-        inventory=args.inventory or os.path.join(args.state_dir, "gpus.json"),
-        memory_scaling=args.memory_scaling,
-        account_mib=args.account_mib,
-    )
-    log = HookLog(args.log_file or os.path.join(args.state_dir, "hook.log"), args.log_level)
-    if state is None:
-        state = sys.stdin.buffer.read()
-    container: Container | None = None
+    """Run the hook; ``state`` is the OCI state (read from stdin when None). Return the status."""
+    if any(arg in ("-h", "--help") for arg in argv):
+        sys.stdout.write(help_text())
+        return 0
     try:
-        container = parse_state(state)
-        if args.stage == "prestart":
-            container = load_config(container)
-            log.tag = f"prestart {_describe(container)}"
-            stages.prestart(container, options, log)
+        flags = parse_args(argv)
+    except UsageError as exc:
+        sys.stderr.write(f"{USAGE}\nvcuda-hook: error: {exc}\n")
+        return 2
+    log = HookLog(flags.log_file, flags.log_level, flags.stage)
+    try:
+        if flags.stage == "poststop":
+            _poststop(flags, log)
         else:
-            log.tag = f"poststop {_describe(container)}"
-            stages.poststop(container, options, log)
+            from runtime_hook import prestart  # the heavy part: poststop never loads it
+
+            prestart.run(sys.stdin.buffer.read() if state is None else state, flags, log)
     except Exception as exc:  # every failure ends as one line a user can act on
-        line = _as_hook_error(exc).line(_describe(container) if container else "")
+        error = (
+            exc
+            if isinstance(exc, HookError)
+            else HookError(
+                f"unexpected {type(exc).__name__}: {exc}",
+                "see the hook's log on the node, and report it to vcuda",
+            )
+        )
+        line = error.line()
         log.error(line)
-        print(line, file=sys.stderr)
+        sys.stderr.write(line + "\n")
         return 1
     return 0
 
 
-def _describe(container: Container) -> str:
-    parts = (*pod_of(container.annotations), container_name(container.annotations))
-    name = "/".join(p for p in parts if p)
-    return f"{name} ({container.id[:12]})" if name else container.id[:12]
-
-
-def _as_hook_error(exc: Exception) -> HookError:
-    if isinstance(exc, HookError):
-        return exc
-    if isinstance(exc, InventoryError):
-        return HookError(str(exc), "restart the node agent: it rewrites the inventory")
-    if isinstance(exc, LimitsFormatError):
-        return HookError(f"limits cannot be written: {exc}", "check NVIDIA_VISIBLE_DEVICES")
-    if isinstance(exc, LedgerError):
-        return HookError(str(exc), "check --state-dir on this node")
-    return HookError(
-        f"unexpected {type(exc).__name__}: {exc}",
-        "check the hook's log on the node and report it to vcuda",
-    )
+def _poststop(flags: Flags, log: HookLog) -> None:
+    """Release what containers that are gone (this one among them) had committed."""
+    state = StateDir(flags.state_dir)
+    if not os.path.isdir(state.containers):
+        return  # no limited container ever started here
+    with state.locked(LOCK_TIMEOUT):
+        released = state.release_gone()
+    if released:
+        log.info(f"released {', '.join(released)}")

@@ -19,8 +19,8 @@ the root is the directory whose device and inode match ``root.path`` on the host
 from __future__ import annotations
 
 import os
+from collections import namedtuple
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from runtime_hook import inroot, syscalls
 from runtime_hook.hook_errors import HookError
@@ -43,14 +43,10 @@ _FIX_NODE = (
 )
 
 
-@dataclass(frozen=True)
-class Sources:
-    """Host paths of what goes into the container."""
+class Sources(namedtuple("Sources", "library limits preload account_dir")):
+    """Host paths of what goes into the container (``preload`` is filled here)."""
 
-    library: str
-    limits: str
-    preload: str  # filled here with the merged list
-    account_dir: str
+    __slots__ = ()
 
 
 def merge_preload(existing: bytes, library: str = LIBRARY_PATH) -> bytes:

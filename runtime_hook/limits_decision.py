@@ -6,10 +6,10 @@ records, and act on what comes back.
 
 from __future__ import annotations
 
-import json
+from collections import namedtuple
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
+from runtime_hook import fast_json
 from runtime_hook.gpu_inventory import Gpu
 from runtime_hook.hook_errors import HookError
 
@@ -27,26 +27,20 @@ _FIX_ANNOTATION = "let the vcuda webhook write vcuda.io/limits (never edit it by
 _GIB = 1 << 30
 
 
-@dataclass(frozen=True)
-class Request:
-    """The limits one container asked for."""
+class Request(namedtuple("Request", "container cores memory")):
+    """The limits one container asked for: its name, percent of GPU time, bytes of memory."""
 
-    container: str
-    cores: int
-    memory: int
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class Devices:
-    """The GPUs a container sees.
+class Devices(namedtuple("Devices", "for_limits for_ledger notes", defaults=((),))):
+    """The GPUs a container sees, as tuples of UUIDs.
 
     ``for_limits`` goes into the limits file (empty: every GPU it sees);
     ``for_ledger`` is what its memory is committed on; ``notes`` are warnings to log.
     """
 
-    for_limits: tuple[str, ...]
-    for_ledger: tuple[str, ...]
-    notes: tuple[str, ...] = ()
+    __slots__ = ()
 
 
 def container_name(annotations: Mapping[str, str]) -> str:
@@ -76,7 +70,7 @@ def requested_limits(annotations: Mapping[str, str]) -> Request | None:
     if raw is None:
         return None
     try:
-        table = json.loads(raw)
+        table = fast_json.loads(raw)
     except ValueError as exc:
         cause = f"annotation {LIMITS_ANNOTATION} is not JSON ({exc})"
         raise HookError(cause, _FIX_ANNOTATION) from None
@@ -141,6 +135,11 @@ def visible_devices(
     notes: list[str] = []
     by_index = {g.index: g.uuid for g in (inventory or {}).values()}
     for device in ids:
+        if any(c in device for c in ",=#\n\r\t "):
+            raise HookError(
+                f"NVIDIA_VISIBLE_DEVICES holds {device!r}, with a character no device ID has",
+                "check the device plugin's configuration",
+            )
         if device.startswith(("GPU-", "MIG-")):
             uuids.append(device)
         elif device.isdigit() and inventory is None:

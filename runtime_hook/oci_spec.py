@@ -8,33 +8,33 @@ relative. Neither field is used: the root comes from config.json's
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass
+from collections import namedtuple
 
+from runtime_hook import fast_json
 from runtime_hook.hook_errors import HookError
 
 _MAX_CONFIG = 16 << 20
 _FIX_RUNTIME = "run the hook from an OCI runtime (runc, crun) as a prestart or poststop hook"
 
 
-@dataclass(frozen=True)
-class Container:
-    """What the hook needs to know about one container."""
+_CONTAINER_FIELDS = "id pid bundle annotations rootfs env mount_targets"
 
-    id: str
-    pid: int
-    bundle: str
-    annotations: dict[str, str]
-    rootfs: str = ""
-    env: tuple[str, ...] = ()
-    mount_targets: tuple[str, ...] = ()
+
+class Container(namedtuple("Container", _CONTAINER_FIELDS, defaults=("", (), ()))):
+    """What the hook needs to know about one container.
+
+    ``id``, ``pid`` and ``bundle`` from the state; ``annotations`` (dict);
+    ``rootfs`` (host path), ``env`` and ``mount_targets`` (tuples) from config.json.
+    """
+
+    __slots__ = ()
 
 
 def parse_state(raw: bytes) -> Container:
     """Parse the OCI state JSON; raise HookError when it is not one."""
     try:
-        state = json.loads(raw)
+        state = fast_json.loads(raw)
     except ValueError as exc:
         raise HookError(f"the OCI state on stdin is not JSON ({exc})", _FIX_RUNTIME) from None
     if not isinstance(state, dict):
@@ -63,7 +63,7 @@ def load_config(container: Container) -> Container:
     path = os.path.join(container.bundle, "config.json")
     try:
         with open(path, "rb") as src:
-            config = json.loads(src.read(_MAX_CONFIG))
+            config = fast_json.loads(src.read(_MAX_CONFIG))
     except OSError as exc:
         raise HookError(f"cannot read {path}: {exc.strerror}", _FIX_RUNTIME) from None
     except ValueError as exc:

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 HOOK_SCRIPT = REPO / "runtime_hook" / "oci_hook.py"
 # The hook runs on nodes with the system Python and nothing installed: use that Python here too.
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-BUSYBOX = "/usr/bin/busybox"
+BUSYBOX = shutil.which("busybox") or "/usr/bin/busybox"
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 APPLETS = ("sh", "cat", "ls", "echo", "touch", "sleep", "true", "stat", "awk", "sha256sum")
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from runtime_hook.ledger import Entry, commit
+from runtime_hook.node_state import StateDir
 from tests.hook.bundles import HOOK_SCRIPT, PYTHON, REPO, HookSetup, limits_annotation
 
 GIB = 1 << 30
@@ -111,10 +113,14 @@ def test_missing_inventory_is_logged_and_only_the_memory_check_skipped(
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["start"], "invalid choice: 'start'"),
-        (["prestart", "--memory-scaling", "0"], "0 is not in (0, 100]"),
-        (["prestart", "--account-mib", "-4"], "-4 is not a positive whole number"),
-        (["prestart", "--log-level", "loud"], "invalid choice: 'loud'"),
+        (["start"], "expected one stage, prestart or poststop, got ['start']"),
+        (["prestart", "poststop"], "expected one stage"),
+        (["prestart", "--memory-scaling", "0"], "--memory-scaling: 0 is not in (0, 100]"),
+        (["prestart", "--memory-scaling=lots"], "--memory-scaling: could not convert"),
+        (["prestart", "--account-mib", "-4"], "--account-mib: -4 is not a positive whole number"),
+        (["prestart", "--log-level", "loud"], "--log-level: 'loud' is not one of debug, info"),
+        (["prestart", "--state-dir"], "--state-dir needs a value"),
+        (["prestart", "--statedir", "/x"], "unknown option --statedir"),
     ],
 )
 def test_bad_command_line_is_refused_by_the_parser(
@@ -123,7 +129,7 @@ def test_bad_command_line_is_refused_by_the_parser(
     state = _state(tmp_path, limits_annotation(train=(30, GIB)))
     result = _hook(args, state)
     assert result.returncode == 2
-    assert message in result.stderr.decode()
+    assert f"vcuda-hook: error: {message}" in result.stderr.decode()
 
 
 def test_poststop_of_a_container_never_limited_is_quiet(hook: HookSetup, tmp_path: Path) -> None:
@@ -132,6 +138,20 @@ def test_poststop_of_a_container_never_limited_is_quiet(hook: HookSetup, tmp_pat
     result = _hook(["poststop", *flags], state)
     assert (result.returncode, result.stderr) == (0, b"")
     assert not (hook.state_dir / "containers").exists()
+
+
+def test_poststop_releases_containers_that_are_gone(hook: HookSetup, tmp_path: Path) -> None:
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    state_dir = StateDir(str(hook.state_dir))
+    entry = Entry("gone1", "ns", "pod", "train", exited.pid, 1, GIB, 30, ("GPU-a",))
+    with state_dir.locked(1):
+        commit(state_dir, entry)
+    state = _state(tmp_path, limits_annotation(train=(30, GIB)))
+    result = _hook(["poststop", *hook.args("poststop")[5:]], state)
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert os.listdir(state_dir.containers) == []
+    assert "INFO poststop: released gone1" in hook.log_file.read_text()
 
 
 def test_console_script_points_at_the_same_entry() -> None:

@@ -127,7 +127,12 @@ def test_index_without_inventory_leaves_limits_on_all_visible_gpus() -> None:
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("7", "GPU index 7, which the node's GPU inventory does not list"), ("gpu0", "'gpu0'")],
+    [
+        ("7", "GPU index 7, which the node's GPU inventory does not list"),
+        ("gpu0", "'gpu0', neither a GPU UUID nor an index"),
+        ("GPU-a=b", "'GPU-a=b', with a character no device ID has"),
+        ("GPU-a\nx", "with a character no device ID has"),
+    ],
 )
 def test_unknown_devices_are_refused(value: str, message: str) -> None:
     with pytest.raises(HookError, match=message):

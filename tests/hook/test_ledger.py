@@ -10,14 +10,8 @@ from pathlib import Path
 import pytest
 
 from runtime_hook.gpu_inventory import Gpu, InventoryError, read, write
-from runtime_hook.ledger import (
-    ACCOUNT_DIR,
-    Entry,
-    Ledger,
-    LedgerError,
-    committed_memory,
-    process_start_time,
-)
+from runtime_hook.ledger import DuplicateError, Entry, commit, committed_memory, entries
+from runtime_hook.node_state import ACCOUNT_DIR, StateDir, StateError, process_start_time
 from tests.hook.bundles import mounts_under
 
 GIB = 1 << 30
@@ -69,10 +63,9 @@ def _entry(cid: str, pid: int, start: int | None, memory: int = GIB, devices=("G
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    state = tmp_path / "state"
-    state.mkdir(mode=0o755)
-    return Ledger(str(state))
+def state(tmp_path: Path) -> StateDir:
+    (tmp_path / "state").mkdir(mode=0o755)
+    return StateDir(str(tmp_path / "state"))
 
 
 def _exited_pid() -> int:
@@ -81,17 +74,26 @@ def _exited_pid() -> int:
     return child.pid
 
 
-def test_live_containers_stay_and_gone_ones_are_released(ledger: Ledger) -> None:
+def test_records_read_back_as_committed(state: StateDir) -> None:
     me = os.getpid()
-    with ledger.locked(1):
-        ledger.commit(_entry("alive", me, process_start_time(me), memory=3 * GIB))
-        ledger.commit(_entry("exited", _exited_pid(), 1))
-        ledger.commit(_entry("pid-reused", me, (process_start_time(me) or 0) + 1))
-        live, dropped = ledger.reconcile()
-    assert [e.container_id for e in live] == ["alive"]
-    assert sorted(dropped) == ["exited", "pid-reused"]
-    assert committed_memory(live) == {"GPU-a": 3 * GIB}
-    assert sorted(os.listdir(Path(ledger.state_dir) / "containers")) == ["alive"]
+    entry = _entry("c1", me, process_start_time(me), devices=("GPU-a", "GPU-b"))
+    with state.locked(1):
+        record = commit(state, entry)
+    assert entries(state) == [entry]
+    assert sorted(os.listdir(record)) == ["account", "entry", "owner"]
+
+
+def test_live_containers_stay_and_gone_ones_are_released(state: StateDir) -> None:
+    me = os.getpid()
+    with state.locked(1):
+        commit(state, _entry("alive", me, process_start_time(me), memory=3 * GIB))
+        commit(state, _entry("exited", _exited_pid(), 1))
+        commit(state, _entry("pid-reused", me, (process_start_time(me) or 0) + 1))
+        gone = state.release_gone()
+    assert gone == ["exited", "pid-reused"]
+    assert [e.container_id for e in entries(state)] == ["alive"]
+    assert committed_memory(entries(state)) == {"GPU-a": 3 * GIB}
+    assert os.listdir(state.containers) == ["alive"]
 
 
 def test_zombie_counts_as_gone() -> None:
@@ -103,64 +105,62 @@ def test_zombie_counts_as_gone() -> None:
         child.wait()
 
 
-def test_records_a_crashed_hook_left_half_built_are_released(ledger: Ledger) -> None:
-    containers = Path(ledger.state_dir) / "containers"
-    with ledger.locked(1):
+def test_records_a_crashed_hook_left_half_built_are_released(state: StateDir) -> None:
+    containers = Path(state.containers)
+    with state.locked(1):
         (containers / ".new-999").mkdir()
         (containers / "damaged").mkdir()
-        (containers / "damaged" / "entry.json").write_text("{")
-        live, dropped = ledger.reconcile()
-    assert (live, sorted(dropped)) == ([], [".new-999", "damaged"])
+        (containers / "damaged" / "owner").write_text("not a pid\n")
+        (containers / "damaged" / "odd-dir").mkdir()  # removed all the same
+        assert state.release_gone() == [".new-999", "damaged"]
     assert list(containers.iterdir()) == []
 
 
-def test_a_container_is_committed_once(ledger: Ledger) -> None:
+def test_a_container_is_committed_once(state: StateDir) -> None:
     me = os.getpid()
-    with ledger.locked(1):
-        ledger.commit(_entry("c1", me, process_start_time(me)))
-        with pytest.raises(LedgerError, match="already exists"):
-            ledger.commit(_entry("c1", me, process_start_time(me)))
-    assert ledger.release("c1") is True
-    assert ledger.release("c1") is False
+    with state.locked(1):
+        commit(state, _entry("c1", me, process_start_time(me)))
+        with pytest.raises(DuplicateError, match="exists already"):
+            commit(state, _entry("c1", me, process_start_time(me)))
+    assert os.listdir(state.containers) == ["c1"]  # the second attempt left nothing behind
 
 
 def test_committed_memory_adds_up_per_gpu() -> None:
-    entries = [
+    records = [
         _entry("a", 1, 1, memory=GIB, devices=("GPU-a", "GPU-b")),
         _entry("b", 1, 1, memory=2 * GIB, devices=("GPU-a",)),
     ]
-    assert committed_memory(entries) == {"GPU-a": 3 * GIB, "GPU-b": GIB}
+    assert committed_memory(records) == {"GPU-a": 3 * GIB, "GPU-b": GIB}
 
 
-def test_lock_held_elsewhere_times_out_with_a_clear_error(ledger: Ledger) -> None:
-    with ledger.locked(1):
+def test_lock_held_elsewhere_times_out_with_a_clear_error(state: StateDir) -> None:
+    with state.locked(1):
         pass  # creates the lock file
-    holder = os.open(os.path.join(ledger.state_dir, "lock"), os.O_RDWR)
+    holder = os.open(os.path.join(state.path, "lock"), os.O_RDWR)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)
-        with pytest.raises(LedgerError, match=r"held for more than 0\.1s"), ledger.locked(0.1):
+        with pytest.raises(StateError, match=r"held for more than 0\.1s"), state.locked(0.1):
             pass
     finally:
         os.close(holder)
 
 
 def test_state_dir_writable_by_others_is_refused(tmp_path: Path) -> None:
-    state = tmp_path / "open"
-    state.mkdir()
-    state.chmod(0o777)
-    refused = pytest.raises(LedgerError, match="owned and writable by root only")
-    with refused, Ledger(str(state)).locked(1):
-        pass
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)
+    with pytest.raises(StateError, match="owned and writable by root only"):
+        StateDir(str(tmp_path / "open")).locked(1)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
-def test_release_unmounts_the_account_tmpfs(ledger: Ledger) -> None:
+def test_release_unmounts_the_account_tmpfs(state: StateDir) -> None:
     me = os.getpid()
-    with ledger.locked(1):
-        record = ledger.commit(_entry("c1", me, process_start_time(me)))
+    with state.locked(1):
+        record = commit(state, _entry("c1", me, process_start_time(me)))
     account = os.path.join(record, ACCOUNT_DIR)
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", account], check=True)
     Path(account, "account").write_text("in use")
-    assert ledger.release("c1")
+    with state.locked(1):
+        state.release("c1")
     assert not os.path.lexists(record)
-    assert mounts_under(Path(ledger.state_dir)) == []
+    assert mounts_under(Path(state.path)) == []

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from runtime_hook.hook_cli import DEFAULT_LIBRARY, build_parser
+from runtime_hook.hook_cli import DEFAULT_LIBRARY, parse_args
 from tests.hook.bundles import REPO
 
 NODE = REPO / "manifests" / "node"
@@ -70,7 +70,7 @@ def test_every_hook_entry_is_a_valid_isolated_command_line_of_the_hook(stage: st
         assert "-I" in args[1:script], f"{source}: Python must ignore PYTHON* and user site"
         installed = Path(args[script]).relative_to("/usr/local/vcuda/python")
         assert (REPO / installed).is_file(), f"{source}: the node copy of the package mirrors it"
-        parsed = build_parser().parse_args(args[script + 1 :])
+        parsed = parse_args(args[script + 1 :])
         assert (parsed.stage, parsed.state_dir, parsed.library) == (
             stage,
             "/run/vcuda",

@@ -1,0 +1,118 @@
+"""Applying a container's limits: commit its GPU memory in the ledger, then install the shim."""
+
+from __future__ import annotations
+
+import os
+
+from runtime_hook import gpu_inventory, inject, ledger, syscalls
+from runtime_hook.hook_cli import LOCK_TIMEOUT, Flags
+from runtime_hook.hook_errors import HookError
+from runtime_hook.hook_log import HookLog
+from runtime_hook.limits_decision import Devices, Request, overcommit, pod_of, visible_devices
+from runtime_hook.limits_file import Limits, render
+from runtime_hook.node_state import (
+    ACCOUNT_DIR,
+    LIMITS_FILE,
+    PRELOAD_FILE,
+    StateDir,
+    process_start_time,
+)
+from runtime_hook.oci_spec import Container
+
+_FIX_OVERCOMMIT = (
+    "lower the container's vcuda-memory, or start it once other containers on that GPU stop"
+)
+
+
+def apply(container: Container, request: Request, flags: Flags, log: HookLog) -> None:
+    """Commit ``request`` on this node's GPUs and mount the shim's files into ``container``."""
+    inventory = gpu_inventory.read(flags.inventory)
+    if inventory is None:
+        log.warning(f"no GPU inventory at {flags.inventory}: GPU memory is not checked")
+    devices = visible_devices(container.env, container.mount_targets, inventory)
+    for note in devices.notes:
+        log.warning(note)
+    limits = Limits(
+        memory=request.memory,
+        cores=request.cores,
+        devices=devices.for_limits,
+        account=inject.ACCOUNT_FILE,
+    )
+    if not os.path.isfile(flags.library):
+        raise HookError(
+            f"the vcuda library {flags.library} is missing on this node",
+            "install the node files, or point --library at libvcuda.so",
+        )
+    start_time = process_start_time(container.pid) if container.pid else None
+    if start_time is None:
+        raise HookError(f"the container's process {container.pid} is gone", "start it again")
+    state = StateDir(flags.state_dir)
+    entry = _entry(container, request, start_time, devices)
+    with state.locked(LOCK_TIMEOUT):
+        gone = state.release_gone()
+        if gone:
+            log.info(f"released containers that are gone: {', '.join(gone)}")
+        if inventory is not None:
+            committed = ledger.committed_memory(ledger.entries(state))
+            reason = overcommit(
+                request.memory, devices.for_ledger, committed, inventory, flags.memory_scaling
+            )
+            if reason:
+                raise HookError(reason, _FIX_OVERCOMMIT)
+        try:
+            record = ledger.commit(state, entry)
+        except ledger.DuplicateError as exc:
+            raise HookError(str(exc), "the runtime started one container id twice") from None
+    try:
+        _prepare(record, render(limits), flags.account_mib)
+        sources = inject.Sources(
+            library=flags.library,
+            limits=os.path.join(record, LIMITS_FILE),
+            preload=os.path.join(record, PRELOAD_FILE),
+            account_dir=os.path.join(record, ACCOUNT_DIR),
+        )
+        inject.install(container.pid, container.rootfs, sources)
+    except BaseException:
+        with state.locked(LOCK_TIMEOUT):
+            state.release(container.id)
+        raise
+    log.info(
+        f"applied cores={request.cores} memory={request.memory} "
+        f"devices={','.join(devices.for_ledger) or '-'}"
+    )
+
+
+def _entry(
+    container: Container, request: Request, start_time: int, devices: Devices
+) -> ledger.Entry:
+    namespace, pod = pod_of(container.annotations)
+    return ledger.Entry(
+        container_id=container.id,
+        namespace=namespace,
+        pod=pod,
+        container=request.container,
+        pid=container.pid,
+        start_time=start_time,
+        memory=request.memory,
+        cores=request.cores,
+        devices=devices.for_ledger,
+    )
+
+
+def _prepare(record: str, limits_text: str, account_mib: int) -> None:
+    """Write the container's limits and (empty) preload files and mount its account tmpfs."""
+    for name, content in ((LIMITS_FILE, limits_text), (PRELOAD_FILE, "")):
+        with open(os.path.join(record, name), "x", encoding="utf-8") as out:
+            out.write(content)
+        os.chmod(os.path.join(record, name), 0o644)
+    # A tmpfs of its own, so that a container can fill this and not the host's
+    # /run. Mode 1777: any user of the container may create the account (the
+    # shim runs as whatever user the image uses); the sticky bit stops one user
+    # from deleting or renaming another's files.
+    syscalls.mount(
+        "tmpfs",
+        os.path.join(record, ACCOUNT_DIR),
+        "tmpfs",
+        syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC,
+        f"size={account_mib}m,nr_inodes=1024,mode=1777",
+    )
