@@ -88,6 +88,8 @@ class StateDir:
 
     def locked(self, timeout: float) -> _Lock:
         """The exclusive lock, as a context manager; StateError after ``timeout`` seconds."""
+        # makedirs gives the mode to the last level only: make each level ours.
+        os.makedirs(self.path, mode=0o755, exist_ok=True)
         os.makedirs(self.containers, mode=0o755, exist_ok=True)
         st = os.stat(self.path)
         if st.st_uid != os.geteuid() or st.st_mode & 0o022:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -143,6 +144,18 @@ def test_lock_held_elsewhere_times_out_with_a_clear_error(state: StateDir) -> No
             pass
     finally:
         os.close(holder)
+
+
+def test_missing_state_dir_is_created_root_only_whatever_the_umask(tmp_path: Path) -> None:
+    state = StateDir(str(tmp_path / "run" / "vcuda"))
+    old = os.umask(0)
+    try:
+        with state.locked(1):
+            pass
+    finally:
+        os.umask(old)
+    for path in (state.path, state.containers):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o755
 
 
 def test_state_dir_writable_by_others_is_refused(tmp_path: Path) -> None:
