@@ -1,8 +1,11 @@
 """The hook's command line: its flags, the stage to run, and the one-line error a runtime shows.
 
-The flags are read by hand rather than with argparse: argparse (with the
-``re`` it imports) would add more to every container start than poststop
-costs in all. Only prestart loads the rest of the hook.
+Every container of the ``vcuda`` runtime runs the hook twice, so this module
+keeps to ``os``, ``sys``, ``fcntl`` and ``time``: a container without limits
+is let go after reading the OCI state, poststop needs nothing more, and only
+a limited container's prestart loads the rest. For the same reason the flags
+are read by hand: argparse, with the ``re`` it imports, would cost more than
+all of poststop.
 """
 
 from __future__ import annotations
@@ -18,6 +21,13 @@ DEFAULT_STATE_DIR = "/run/vcuda"
 DEFAULT_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
 STAGES = ("prestart", "poststop")
 LOCK_TIMEOUT = 5.0  # seconds; the manifests give the hook 10
+_MAX_STATE = 4 << 20
+# Exact bytes of a sandbox marker as Go's encoding/json (containerd, CRI-O) and
+# crun write them; any other spelling only loses the shortcut.
+_SANDBOX = (
+    b'"io.kubernetes.cri.container-type":"sandbox"',
+    b'"io.kubernetes.cri-o.ContainerType":"sandbox"',
+)
 
 USAGE = "usage: vcuda-hook {prestart,poststop} [--OPTION VALUE ...]  (--help explains)"
 _ABOUT = """\
@@ -95,13 +105,13 @@ class Flags:
 
     def __init__(self, stage: str, values: dict[str, object]) -> None:
         self.stage = stage
-        self.state_dir = str(values["state_dir"])
-        self.library = str(values["library"])
-        self.inventory = str(values["inventory"] or os.path.join(self.state_dir, "gpus.json"))
-        self.memory_scaling = float(values["memory_scaling"])  # type: ignore[arg-type]
-        self.account_mib = int(values["account_mib"])  # type: ignore[call-overload]
-        self.log_file = str(values["log_file"] or os.path.join(self.state_dir, "hook.log"))
-        self.log_level = str(values["log_level"])
+        self.state_dir: str = values["state_dir"]
+        self.library: str = values["library"]
+        self.inventory: str = values["inventory"] or os.path.join(self.state_dir, "gpus.json")
+        self.memory_scaling: float = values["memory_scaling"]
+        self.account_mib: int = values["account_mib"]
+        self.log_file: str = values["log_file"] or os.path.join(self.state_dir, "hook.log")
+        self.log_level: str = values["log_level"]
 
 
 def help_text() -> str:
@@ -140,16 +150,31 @@ def parse_args(argv: list[str]) -> Flags:
     return Flags(stages[0], values)
 
 
-def run(argv: list[str], state: bytes | None) -> int:
-    """Run the hook; ``state`` is the OCI state (read from stdin when None). Return the status."""
-    if any(arg in ("-h", "--help") for arg in argv):
+def surely_unlimited(state: bytes) -> bool:
+    """True when the raw OCI state proves that the container has no vcuda limits.
+
+    That holds for a pod sandbox, or when no annotation mentions ``vcuda.io``:
+    the runtime spec puts a container's annotations in its state (runc and crun
+    do), and JSON encoders never escape ASCII letters, digits or dots, so the
+    key cannot hide behind an escape.
+    """
+    return any(marker in state for marker in _SANDBOX) or b"vcuda.io" not in state
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the hook with ``argv`` (default: the process's) and the OCI state on stdin."""
+    args = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help") for arg in args):
         sys.stdout.write(help_text())
         return 0
     try:
-        flags = parse_args(argv)
+        flags = parse_args(args)
     except UsageError as exc:
         sys.stderr.write(f"{USAGE}\nvcuda-hook: error: {exc}\n")
         return 2
+    state = sys.stdin.buffer.read(_MAX_STATE)
+    if surely_unlimited(state):
+        return 0
     log = HookLog(flags.log_file, flags.log_level, flags.stage)
     try:
         if flags.stage == "poststop":
@@ -157,7 +182,7 @@ def run(argv: list[str], state: bytes | None) -> int:
         else:
             from runtime_hook import prestart  # the heavy part: poststop never loads it
 
-            prestart.run(sys.stdin.buffer.read() if state is None else state, flags, log)
+            prestart.run(state, flags, log)
     except Exception as exc:  # every failure ends as one line a user can act on
         error = (
             exc
