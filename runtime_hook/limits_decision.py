@@ -158,8 +158,12 @@ def visible_devices(
                 "use NVIDIA's device plugin with deviceIDStrategy uuid or index",
             )
     found = tuple(dict.fromkeys(uuids))
+    unlisted = [uuid for uuid in found if inventory is not None and uuid not in inventory]
+    if unlisted:
+        notes.append(f"{', '.join(unlisted)} not in the GPU inventory: memory there is not checked")
     # With an index left unmapped the file cannot list every GPU: let it mean "all visible".
-    return Devices(() if notes else found, found, tuple(notes))
+    unmapped = inventory is None and any(d.isdigit() for d in ids)
+    return Devices(() if unmapped else found, found, tuple(notes))
 
 
 def overcommit(

@@ -92,13 +92,13 @@ def test_limits_without_a_container_name_are_refused() -> None:
         (["NVIDIA_VISIBLE_DEVICES=GPU-a"], Devices(("GPU-a",), ("GPU-a",))),
         (["NVIDIA_VISIBLE_DEVICES=1,0"], Devices(("GPU-b", "GPU-a"), ("GPU-b", "GPU-a"))),
         (
-            ["NVIDIA_VISIBLE_DEVICES=GPU-a, GPU-a ,MIG-x"],
-            Devices(("GPU-a", "MIG-x"), ("GPU-a", "MIG-x")),
+            ["NVIDIA_VISIBLE_DEVICES=GPU-b, GPU-b ,GPU-a"],
+            Devices(("GPU-b", "GPU-a"), ("GPU-b", "GPU-a")),
         ),
         (["NVIDIA_VISIBLE_DEVICES=all"], Devices((), ("GPU-a", "GPU-b"))),
         (["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"], Devices(("GPU-b",), ("GPU-b",))),
     ],
-    ids=["uuid", "indices", "duplicates and MIG", "all", "last one wins"],
+    ids=["uuid", "indices", "duplicates and spaces", "all", "last one wins"],
 )
 def test_visible_devices_become_uuids(env: list[str], expected: Devices) -> None:
     assert visible_devices(["PATH=/bin", *env], [], INVENTORY) == expected
@@ -116,6 +116,12 @@ def test_volume_mounts_strategy_reads_device_ids_from_mount_targets() -> None:
     env = ["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]
     targets = ["/proc", "/var/run/nvidia-container-devices/GPU-b"]
     assert visible_devices(env, targets, INVENTORY) == Devices(("GPU-b",), ("GPU-b",))
+
+
+def test_gpu_missing_from_the_inventory_is_kept_and_reported() -> None:
+    devices = visible_devices(["NVIDIA_VISIBLE_DEVICES=GPU-a,MIG-x"], [], INVENTORY)
+    assert devices.for_limits == devices.for_ledger == ("GPU-a", "MIG-x")
+    assert devices.notes == ("MIG-x not in the GPU inventory: memory there is not checked",)
 
 
 def test_index_without_inventory_leaves_limits_on_all_visible_gpus() -> None:
