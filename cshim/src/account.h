@@ -1,0 +1,21 @@
+/* This process's share of the container's memory account, per device. */
+#ifndef VC_ACCOUNT_H
+#define VC_ACCOUNT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Adds bytes on device index dev if the container stays within limit (dead
+ * processes are swept first when it would not). */
+bool vc_account_reserve(int dev, uint64_t bytes, uint64_t limit);
+
+/* Adds delta (negative: gives back) without a check. */
+void vc_account_add(int dev, int64_t delta);
+
+/* Bytes the whole container holds on dev; sweeps dead processes at most once a second. */
+uint64_t vc_account_used(int dev);
+
+/* In a forked child: the parent's slot is not ours. */
+void vc_account_forked(void);
+
+#endif

@@ -1,0 +1,46 @@
+/*
+ * The vendor types the shim speaks: cuda.h (toolkit or wheel), the few NVML
+ * types it needs (declared here, so no NVML header is required), and the
+ * exported prototypes of every intercepted symbol, generated from intercept.h.
+ */
+#ifndef VC_API_H
+#define VC_API_H
+
+#include <cuda.h>
+
+#if CUDA_VERSION < 12050
+#error "libvcuda.so needs cuda.h from CUDA 12.5 or newer (cuCtxCreate_v4)"
+#endif
+
+/* cuda.h maps the plain name to _v2; the shim also exports the original. */
+#undef cuGetProcAddress
+
+typedef int nvmlReturn_t;
+enum { NVML_SUCCESS = 0, NVML_ERROR_NO_PERMISSION = 4, NVML_ERROR_FUNCTION_NOT_FOUND = 13 };
+typedef struct nvmlDevice_st *nvmlDevice_t;
+
+typedef struct {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+#include "intercept.h"
+
+#define VC_EXPORT __attribute__((visibility("default")))
+
+#define VC_DECLARE_CU(name, params, args) VC_EXPORT CUresult CUDAAPI name params;
+#define VC_DECLARE_NVML(name, params, args) VC_EXPORT nvmlReturn_t name params;
+VC_INTERCEPTED(VC_DECLARE_CU, VC_DECLARE_NVML)
+#undef VC_DECLARE_CU
+#undef VC_DECLARE_NVML
+
+#endif

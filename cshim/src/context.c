@@ -1,0 +1,290 @@
+/* Charges each context of this process by its measured size, and credits it when it goes. */
+#define _GNU_SOURCE
+#include "context.h"
+
+#include <string.h>
+
+#include "account.h"
+#include "driver.h"
+#include "log.h"
+#include "memory.h"
+#include "setup.h"
+#include "track.h"
+
+#define ORDINALS 64
+#define MAX_CREATED 256
+
+/* Charged to a context when measuring is impossible or gives an implausible figure. */
+#define ESTIMATE (512ULL << 20)
+#define MEASURE_MAX (2048ULL << 20)
+
+/* One context creation in flight. */
+struct vc_context_op {
+    const struct vc_device *device;   /* NULL: not counted */
+    CUdevice ordinal;
+    bool primary;
+    bool creates;                     /* a new context comes into being (and is charged) */
+    bool locked;                      /* holds the account's context lock */
+    bool measured;                    /* before holds NVML's used bytes */
+    uint64_t charged;                 /* size charged if measuring fails */
+    uint64_t before;
+    int cancel;
+};
+
+struct primary {
+    unsigned refs;
+    bool creating;
+    CUcontext context;
+    uint64_t charged;
+};
+
+struct created {
+    CUcontext context;
+    const struct vc_device *device;
+    uint64_t charged;
+};
+
+/* All guarded by vc_local_lock. */
+static struct primary primaries[ORDINALS];
+static uint64_t measured_size[ORDINALS];
+static struct created created[MAX_CREATED];
+static unsigned ncreated;
+
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static bool nvml_ready;
+
+static void init_nvml(void) { nvml_ready = vc_real_nvmlInit_v2() == NVML_SUCCESS; }
+
+/* The device's used bytes as NVML sees them (all processes on it). */
+static bool device_used(const char *uuid, uint64_t *used)
+{
+    pthread_once(&nvml_once, init_nvml);
+    nvmlDevice_t handle;
+    nvmlMemory_t memory;
+    if (!nvml_ready || vc_real_nvmlDeviceGetHandleByUUID(uuid, &handle) != NVML_SUCCESS
+        || vc_real_nvmlDeviceGetMemoryInfo(handle, &memory) != NVML_SUCCESS)
+        return false;
+    *used = memory.used;
+    return true;
+}
+
+/* Starts the creation of a context on dev (primary: retaining the primary
+ * context, which creates one only if none is live): measuring begins. */
+static void begin(struct vc_context_op *op, CUdevice dev, bool primary)
+{
+    memset(op, 0, sizeof *op);
+    op->ordinal = dev;
+    op->primary = primary;
+    if (dev < 0 || dev >= ORDINALS || !(op->device = vc_device_of(dev)))
+        return;
+    pthread_mutex_lock(&vc_local_lock);
+    struct primary *p = &primaries[dev];
+    /* Retaining a live primary context only counts a reference. */
+    op->creates = !primary || (p->refs == 0 && !p->creating);
+    if (primary && op->creates)
+        p->creating = true;
+    op->charged = measured_size[dev] ? measured_size[dev] : ESTIMATE;
+    pthread_mutex_unlock(&vc_local_lock);
+    if (!op->creates)
+        return;
+    struct vc_region *r = vc_region();
+    op->locked = vc_region_lock(r, &r->context_lock, &op->cancel);
+    op->measured = op->locked && device_used(op->device->uuid, &op->before);
+}
+
+/* What the new context takes: NVML's figure if plausible, else the last one
+ * measured in this process, else an estimate. */
+static uint64_t context_size(struct vc_context_op *op)
+{
+    uint64_t after;
+    if (!op->measured || !device_used(op->device->uuid, &after) || after <= op->before
+        || after - op->before > MEASURE_MAX) {
+        vc_log(VC_LOG_INFO, "context size on %s not measurable: %llu bytes charged",
+               op->device->uuid, (unsigned long long)op->charged);
+        return op->charged;
+    }
+    vc_log(VC_LOG_INFO, "a context on %s takes %llu bytes", op->device->uuid,
+           (unsigned long long)(after - op->before));
+    return after - op->before;
+}
+
+/* After the driver's call with its result and the context it gave: charges
+ * the new context, or destroys it again when it does not fit. */
+static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context)
+{
+    if (!op->device)
+        return result;
+    bool ok = result == CUDA_SUCCESS;
+    if (!op->creates) {
+        pthread_mutex_lock(&vc_local_lock);
+        primaries[op->ordinal].refs += ok;
+        pthread_mutex_unlock(&vc_local_lock);
+        return result;
+    }
+    uint64_t size = ok ? context_size(op) : 0;
+    if (ok && vc_memory_charge(op->device, size) != CUDA_SUCCESS) {
+        if (op->primary)
+            vc_real_cuDevicePrimaryCtxRelease_v2(op->ordinal);
+        else
+            vc_real_cuCtxDestroy_v2(context);
+        ok = false;
+        result = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (op->locked) {
+        struct vc_region *r = vc_region();
+        vc_region_unlock(&r->context_lock, op->cancel);
+    }
+    pthread_mutex_lock(&vc_local_lock);
+    if (ok)
+        measured_size[op->ordinal] = size;
+    if (op->primary) {
+        struct primary *p = &primaries[op->ordinal];
+        p->creating = false;
+        if (ok)
+            *p = (struct primary){p->refs + 1, false, context, size};
+    } else if (ok && ncreated < MAX_CREATED) {
+        created[ncreated++] = (struct created){context, op->device, size};
+    } else if (ok) {
+        vc_log(VC_LOG_WARN, "more than %d contexts: a destroyed one stays charged", MAX_CREATED);
+    }
+    pthread_mutex_unlock(&vc_local_lock);
+    return result;
+}
+
+static void primary_released(CUdevice dev)
+{
+    if (dev < 0 || dev >= ORDINALS || !vc_device_of(dev))
+        return;
+    pthread_mutex_lock(&vc_local_lock);
+    struct primary *p = &primaries[dev];
+    struct primary gone = {0};
+    if (p->refs > 0 && --p->refs == 0) {
+        gone = *p;
+        *p = (struct primary){0};
+    }
+    pthread_mutex_unlock(&vc_local_lock);
+    /* The last release destroys the context and everything allocated in it. */
+    if (gone.context) {
+        vc_account_add(vc_device_of(dev)->index, -(int64_t)gone.charged);
+        vc_track_drop_context(gone.context);
+    }
+}
+
+static void primary_reset(CUdevice dev)
+{
+    if (dev < 0 || dev >= ORDINALS || !vc_device_of(dev))
+        return;
+    pthread_mutex_lock(&vc_local_lock);
+    CUcontext context = primaries[dev].context;
+    pthread_mutex_unlock(&vc_local_lock);
+    if (context)
+        vc_track_drop_context(context);
+}
+
+static void destroyed(CUcontext context)
+{
+    struct created gone = {0};
+    pthread_mutex_lock(&vc_local_lock);
+    for (unsigned i = 0; i < ncreated; i++) {
+        if (created[i].context == context) {
+            gone = created[i];
+            created[i] = created[--ncreated];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&vc_local_lock);
+    if (gone.device) {
+        vc_account_add(gone.device->index, -(int64_t)gone.charged);
+        vc_track_drop_context(context);
+    }
+}
+
+typedef CUresult (*create_fn)(CUcontext *, const void *, unsigned, CUdevice);
+
+static CUresult create(CUcontext *pctx, const void *params, unsigned flags, CUdevice dev,
+                       create_fn call)
+{
+    struct vc_context_op op;
+    begin(&op, dev, false);
+    CUresult r = call(pctx, params, flags, dev);
+    return end(&op, r, r == CUDA_SUCCESS ? *pctx : NULL);
+}
+
+static CUresult create_v2(CUcontext *pctx, const void *params, unsigned flags, CUdevice dev)
+{
+    (void)params;
+    return vc_real_cuCtxCreate_v2(pctx, flags, dev);
+}
+
+struct affinity {
+    CUexecAffinityParam *params;
+    int count;
+};
+
+static CUresult create_v3(CUcontext *pctx, const void *params, unsigned flags, CUdevice dev)
+{
+    const struct affinity *a = params;
+    return vc_real_cuCtxCreate_v3(pctx, a->params, a->count, flags, dev);
+}
+
+static CUresult create_v4(CUcontext *pctx, const void *params, unsigned flags, CUdevice dev)
+{
+    return vc_real_cuCtxCreate_v4(pctx, (CUctxCreateParams *)params, flags, dev);
+}
+
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    return create(pctx, NULL, flags, dev, create_v2);
+}
+
+CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                                unsigned int flags, CUdevice dev)
+{
+    struct affinity a = {paramsArray, numParams};
+    return create(pctx, &a, flags, dev, create_v3);
+}
+
+CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams,
+                                unsigned int flags, CUdevice dev)
+{
+    return create(pctx, ctxCreateParams, flags, dev, create_v4);
+}
+
+CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
+{
+    CUresult r = vc_real_cuCtxDestroy_v2(ctx);
+    if (r == CUDA_SUCCESS)
+        destroyed(ctx);
+    return r;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    struct vc_context_op op;
+    begin(&op, dev, true);
+    CUresult r = vc_real_cuDevicePrimaryCtxRetain(pctx, dev);
+    return end(&op, r, r == CUDA_SUCCESS ? *pctx : NULL);
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CUresult r = vc_real_cuDevicePrimaryCtxRelease_v2(dev);
+    if (r == CUDA_SUCCESS)
+        primary_released(dev);
+    return r;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CUresult r = vc_real_cuDevicePrimaryCtxReset_v2(dev);
+    if (r == CUDA_SUCCESS)
+        primary_reset(dev);
+    return r;
+}
+
+void vc_contexts_forked(void)
+{
+    memset(primaries, 0, sizeof primaries);
+    memset(created, 0, sizeof created);
+    ncreated = 0;
+}

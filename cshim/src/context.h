@@ -1,0 +1,13 @@
+/*
+ * Contexts: a context's own memory (code, stacks, heaps the driver reserves
+ * for it) counts against the limit. It is measured as the change in the
+ * device's used memory that NVML reports across the driver's call, with
+ * context creation serialized across the container's processes.
+ */
+#ifndef VC_CONTEXT_H
+#define VC_CONTEXT_H
+
+/* In a forked child: the parent's contexts are not ours. */
+void vc_contexts_forked(void);
+
+#endif

@@ -1,0 +1,103 @@
+/*
+ * The one list of what libvcuda.so intercepts.
+ *
+ * Each row names a driver symbol exactly as libcuda.so.1 / libnvidia-ml.so.1
+ * export it (with its _v2 / _ptsz suffix), its parameters and its arguments.
+ * From this list come: the prototypes (checked by the compiler against the
+ * vendor header), the table of real entry points, the exported wrappers, and
+ * the map from a real entry point to its wrapper used by dlsym and
+ * cuGetProcAddress. Adding a row without writing its wrapper fails the link.
+ *
+ * VC_HELPERS lists driver calls the shim makes for itself without
+ * intercepting them; they get a real entry point but no export.
+ */
+#ifndef VC_INTERCEPT_H
+#define VC_INTERCEPT_H
+
+/* CU(name, params, args) for libcuda.so.1; NVML(name, params, args) for libnvidia-ml.so.1. */
+#define VC_INTERCEPTED(CU, NVML)                                                                   \
+    CU(cuGetProcAddress, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags),      \
+       (symbol, pfn, cudaVersion, flags))                                                           \
+    CU(cuGetProcAddress_v2,                                                                         \
+       (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,                          \
+        CUdriverProcAddressQueryResult *symbolStatus),                                              \
+       (symbol, pfn, cudaVersion, flags, symbolStatus))                                             \
+    CU(cuInit, (unsigned int Flags), (Flags))                                                       \
+    CU(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev), (bytes, dev))                            \
+    CU(cuMemGetInfo_v2, (size_t *free, size_t *total), (free, total))                               \
+    CU(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev))                      \
+    CU(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                                         \
+    CU(cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev))                                           \
+    CU(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))     \
+    CU(cuCtxCreate_v3,                                                                              \
+       (CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,       \
+        CUdevice dev),                                                                              \
+       (pctx, paramsArray, numParams, flags, dev))                                                  \
+    CU(cuCtxCreate_v4,                                                                              \
+       (CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags, CUdevice dev),     \
+       (pctx, ctxCreateParams, flags, dev))                                                         \
+    CU(cuCtxDestroy_v2, (CUcontext ctx), (ctx))                                                     \
+    CU(cuMemAlloc_v2, (CUdeviceptr *dptr, size_t bytesize), (dptr, bytesize))                       \
+    CU(cuMemAllocPitch_v2,                                                                          \
+       (CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,                      \
+        unsigned int ElementSizeBytes),                                                             \
+       (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes))                                      \
+    CU(cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags),                 \
+       (dptr, bytesize, flags))                                                                     \
+    CU(cuMemFree_v2, (CUdeviceptr dptr), (dptr))                                                    \
+    CU(cuArrayCreate_v2, (CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray),           \
+       (pHandle, pAllocateArray))                                                                   \
+    CU(cuArray3DCreate_v2, (CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray),       \
+       (pHandle, pAllocateArray))                                                                   \
+    CU(cuArrayDestroy, (CUarray hArray), (hArray))                                                  \
+    CU(cuMipmappedArrayCreate,                                                                      \
+       (CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,              \
+        unsigned int numMipmapLevels),                                                              \
+       (pHandle, pMipmappedArrayDesc, numMipmapLevels))                                             \
+    CU(cuMipmappedArrayDestroy, (CUmipmappedArray hMipmappedArray), (hMipmappedArray))              \
+    CU(cuMemCreate,                                                                                 \
+       (CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,         \
+        unsigned long long flags),                                                                  \
+       (handle, size, prop, flags))                                                                 \
+    CU(cuMemRelease, (CUmemGenericAllocationHandle handle), (handle))                               \
+    CU(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream),                     \
+       (dptr, bytesize, hStream))                                                                   \
+    CU(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream),                \
+       (dptr, bytesize, hStream))                                                                   \
+    CU(cuMemAllocFromPoolAsync,                                                                     \
+       (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream),                   \
+       (dptr, bytesize, pool, hStream))                                                             \
+    CU(cuMemAllocFromPoolAsync_ptsz,                                                                \
+       (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream),                   \
+       (dptr, bytesize, pool, hStream))                                                             \
+    CU(cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *poolProps), (pool, poolProps))  \
+    CU(cuMemPoolDestroy, (CUmemoryPool pool), (pool))                                               \
+    CU(cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep), (pool, minBytesToKeep))         \
+    NVML(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory), (device, memory))    \
+    NVML(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t *memory),                \
+         (device, memory))
+
+#define VC_HELPERS(CU, NVML)                                                                       \
+    CU(cuCtxGetCurrent, (CUcontext *pctx), (pctx))                                                  \
+    CU(cuCtxGetDevice, (CUdevice *device), (device))                                                \
+    CU(cuDeviceGetUuid_v2, (CUuuid *uuid, CUdevice dev), (uuid, dev))                               \
+    CU(cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev), (pool, dev))                         \
+    CU(cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value),           \
+       (pool, attr, value))                                                                         \
+    CU(cuMemGetAllocationGranularity,                                                               \
+       (size_t *granularity, const CUmemAllocationProp *prop,                                       \
+        CUmemAllocationGranularity_flags option),                                                   \
+       (granularity, prop, option))                                                                 \
+    CU(cuArrayGetMemoryRequirements,                                                                \
+       (CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUarray array, CUdevice device),        \
+       (memoryRequirements, array, device))                                                         \
+    CU(cuMipmappedArrayGetMemoryRequirements,                                                       \
+       (CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUmipmappedArray mipmap,                \
+        CUdevice device),                                                                           \
+       (memoryRequirements, mipmap, device))                                                        \
+    NVML(nvmlInit_v2, (void), ())                                                                   \
+    NVML(nvmlDeviceGetHandleByUUID, (const char *uuid, nvmlDevice_t *device), (uuid, device))       \
+    NVML(nvmlDeviceGetUUID, (nvmlDevice_t device, char *uuid, unsigned int length),                 \
+         (device, uuid, length))
+
+#endif

@@ -1,0 +1,271 @@
+/* Wrappers of the allocation, free and memory-query calls: check, call the driver, account. */
+#define _GNU_SOURCE
+#include "memory.h"
+
+#include <stdbool.h>
+
+#include "account.h"
+#include "driver.h"
+#include "pools.h"
+#include "track.h"
+
+#define ROUND_UP(n, to) (((n) + (to) - 1) / (to) * (to))
+
+/* Rows are padded to the device's pitch alignment; this bound is replaced by the real pitch. */
+#define PITCH_ESTIMATE_ALIGN 512
+
+static CUresult free_pointer(uint64_t key) { return vc_real_cuMemFree_v2((CUdeviceptr)key); }
+static CUresult free_array(uint64_t key) { return vc_real_cuArrayDestroy((CUarray)key); }
+static CUresult free_mipmap(uint64_t key)
+{
+    return vc_real_cuMipmappedArrayDestroy((CUmipmappedArray)key);
+}
+static CUresult free_handle(uint64_t key) { return vc_real_cuMemRelease(key); }
+
+static CUresult (*const destroy[])(uint64_t) = {
+    [VC_KIND_POINTER] = free_pointer,
+    [VC_KIND_ARRAY] = free_array,
+    [VC_KIND_MIPMAP] = free_mipmap,
+    [VC_KIND_HANDLE] = free_handle,
+};
+
+CUresult vc_memory_charge(const struct vc_device *d, uint64_t bytes)
+{
+    if (vc_account_reserve(d->index, bytes, d->limit))
+        return CUDA_SUCCESS;
+    vc_pools_refresh();
+    return vc_account_reserve(d->index, bytes, d->limit) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* After the driver's call on an object charged estimate up front on d (NULL:
+ * not charged): keeps its actual size charged, or gives the charge back if the
+ * call failed. If the actual size no longer fits, the object is destroyed and
+ * the answer is out of memory. */
+static CUresult settle(const struct vc_device *d, CUresult result, uint64_t estimate,
+                       uint64_t actual, enum vc_kind kind, uint64_t key)
+{
+    if (!d)
+        return result;
+    if (result != CUDA_SUCCESS) {
+        vc_account_add(d->index, -(int64_t)estimate);
+        return result;
+    }
+    if (actual > estimate && !vc_account_reserve(d->index, actual - estimate, d->limit)) {
+        destroy[kind](key);
+        vc_account_add(d->index, -(int64_t)estimate);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    vc_account_add(d->index, -(int64_t)(estimate - (actual < estimate ? actual : estimate)));
+    CUcontext context = NULL;
+    if (kind != VC_KIND_HANDLE)
+        vc_real_cuCtxGetCurrent(&context);
+    vc_track_add(kind, key, (struct vc_charge){d, actual, context});
+    return result;
+}
+
+/* Frees (kind, key) through the driver and gives its charge back. */
+static CUresult release(enum vc_kind kind, uint64_t key)
+{
+    struct vc_charge c;
+    /* Forgotten before the driver frees it: another thread may get the same
+     * handle from the driver right after. */
+    bool charged = vc_track_take(kind, key, &c);
+    CUresult result = destroy[kind](key);
+    if (charged && result == CUDA_SUCCESS)
+        vc_account_add(c.device->index, -(int64_t)c.bytes);
+    else if (charged)
+        vc_track_add(kind, key, c);
+    return result;
+}
+
+/* The limited device of the current context when an allocation is well formed, else NULL. */
+static const struct vc_device *target(bool well_formed)
+{
+    return well_formed ? vc_device_current() : NULL;
+}
+
+/* Charges estimate on d (when d is not NULL). */
+static CUresult charge(const struct vc_device *d, uint64_t estimate)
+{
+    return d ? vc_memory_charge(d, estimate) : CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    const struct vc_device *d = target(dptr && bytesize);
+    CUresult r = charge(d, bytesize);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real_cuMemAlloc_v2(dptr, bytesize);
+    return settle(d, r, bytesize, bytesize, VC_KIND_POINTER, d && r == CUDA_SUCCESS ? *dptr : 0);
+}
+
+CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    const struct vc_device *d = target(dptr && bytesize);
+    CUresult r = charge(d, bytesize);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real_cuMemAllocManaged(dptr, bytesize, flags);
+    return settle(d, r, bytesize, bytesize, VC_KIND_POINTER, d && r == CUDA_SUCCESS ? *dptr : 0);
+}
+
+CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+                                    size_t Height, unsigned int ElementSizeBytes)
+{
+    uint64_t estimate = ROUND_UP((uint64_t)WidthInBytes, PITCH_ESTIMATE_ALIGN) * Height;
+    const struct vc_device *d = target(dptr && pPitch && estimate);
+    CUresult r = charge(d, estimate);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real_cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    bool made = d && r == CUDA_SUCCESS;
+    return settle(d, r, estimate, made ? (uint64_t)*pPitch * Height : 0, VC_KIND_POINTER,
+                  made ? *dptr : 0);
+}
+
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr) { return release(VC_KIND_POINTER, dptr); }
+
+/* Bytes of an array's (first level's) elements, at four bytes a channel and
+ * before the driver's padding: the driver's own figure replaces it. */
+static uint64_t array_estimate(const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    uint64_t height = desc->Height ? desc->Height : 1, depth = desc->Depth ? desc->Depth : 1;
+    return (uint64_t)desc->Width * height * depth * desc->NumChannels * 4;
+}
+
+/* The driver's size of an array or mipmapped array; the estimate if it cannot tell. */
+static uint64_t array_actual(CUarray array, CUmipmappedArray mipmap, uint64_t estimate)
+{
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    CUdevice dev;
+    if (vc_real_cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+        return estimate;
+    CUresult r = array ? vc_real_cuArrayGetMemoryRequirements(&req, array, dev)
+                       : vc_real_cuMipmappedArrayGetMemoryRequirements(&req, mipmap, dev);
+    return r == CUDA_SUCCESS ? req.size : estimate;
+}
+
+/* Charges, creates (through make) and settles an array described by desc. */
+static CUresult create_array(CUarray *handle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                             CUresult (*make)(CUarray *, const void *), const void *arg)
+{
+    uint64_t estimate = handle && desc ? array_estimate(desc) : 0;
+    const struct vc_device *d = target(estimate);
+    CUresult r = charge(d, estimate);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = make(handle, arg);
+    bool made = d && r == CUDA_SUCCESS;
+    return settle(d, r, estimate, made ? array_actual(*handle, NULL, estimate) : 0, VC_KIND_ARRAY,
+                  made ? (uintptr_t)*handle : 0);
+}
+
+static CUresult make_2d(CUarray *h, const void *desc) { return vc_real_cuArrayCreate_v2(h, desc); }
+static CUresult make_3d(CUarray *h, const void *desc) { return vc_real_cuArray3DCreate_v2(h, desc); }
+
+CUresult CUDAAPI cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray)
+{
+    CUDA_ARRAY3D_DESCRIPTOR desc = {0};
+    if (pAllocateArray)
+        desc = (CUDA_ARRAY3D_DESCRIPTOR){.Width = pAllocateArray->Width,
+                                         .Height = pAllocateArray->Height,
+                                         .Format = pAllocateArray->Format,
+                                         .NumChannels = pAllocateArray->NumChannels};
+    return create_array(pHandle, pAllocateArray ? &desc : NULL, make_2d, pAllocateArray);
+}
+
+CUresult CUDAAPI cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
+{
+    return create_array(pHandle, pAllocateArray, make_3d, pAllocateArray);
+}
+
+CUresult CUDAAPI cuArrayDestroy(CUarray hArray)
+{
+    return release(VC_KIND_ARRAY, (uintptr_t)hArray);
+}
+
+CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
+                                        const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                        unsigned int numMipmapLevels)
+{
+    uint64_t estimate = 0;
+    if (pHandle && pMipmappedArrayDesc) {
+        /* Each level halves every extent. */
+        CUDA_ARRAY3D_DESCRIPTOR level = *pMipmappedArrayDesc;
+        for (unsigned i = 0; i < numMipmapLevels && level.Width; i++) {
+            estimate += array_estimate(&level);
+            level.Width /= 2;
+            level.Height /= 2;
+            level.Depth /= 2;
+        }
+    }
+    const struct vc_device *d = target(estimate);
+    CUresult r = charge(d, estimate);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real_cuMipmappedArrayCreate(pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    bool made = d && r == CUDA_SUCCESS;
+    return settle(d, r, estimate, made ? array_actual(NULL, *pHandle, estimate) : 0,
+                  VC_KIND_MIPMAP, made ? (uintptr_t)*pHandle : 0);
+}
+
+CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    return release(VC_KIND_MIPMAP, (uintptr_t)hMipmappedArray);
+}
+
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                             const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    bool on_device = handle && prop && size && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
+    const struct vc_device *d = on_device ? vc_device_of(prop->location.id) : NULL;
+    uint64_t bytes = size;
+    size_t granularity;
+    if (d && vc_real_cuMemGetAllocationGranularity(&granularity, prop,
+                                                   CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS
+        && granularity)
+        bytes = ROUND_UP(bytes, granularity);
+    CUresult r = charge(d, bytes);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real_cuMemCreate(handle, size, prop, flags);
+    return settle(d, r, bytes, bytes, VC_KIND_HANDLE, d && r == CUDA_SUCCESS ? *handle : 0);
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    return release(VC_KIND_HANDLE, handle);
+}
+
+void vc_memory_report(const struct vc_device *d, uint64_t *total, uint64_t *free, uint64_t *used)
+{
+    vc_pools_refresh();
+    *used = vc_account_used(d->index);
+    uint64_t limit = d->limit < *total ? d->limit : *total;
+    uint64_t left = limit > *used ? limit - *used : 0;
+    *free = left < *free ? left : *free;
+    *total = limit;
+}
+
+CUresult CUDAAPI cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    CUresult r = vc_real_cuMemGetInfo_v2(free, total);
+    const struct vc_device *d = target(r == CUDA_SUCCESS);
+    if (d) {
+        uint64_t t = *total, f = *free, used;
+        vc_memory_report(d, &t, &f, &used);
+        *total = t;
+        *free = f;
+    }
+    return r;
+}
+
+CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CUresult r = vc_real_cuDeviceTotalMem_v2(bytes, dev);
+    const struct vc_device *d = r == CUDA_SUCCESS ? vc_device_of(dev) : NULL;
+    if (d && d->limit < *bytes)
+        *bytes = d->limit;
+    return r;
+}

@@ -1,0 +1,19 @@
+/* Charging allocations and reporting memory, shared by the allocation, context and NVML wrappers. */
+#ifndef VC_MEMORY_H
+#define VC_MEMORY_H
+
+#include <stdint.h>
+
+#include "api.h"
+#include "devices.h"
+
+/* Charges bytes on d, first crediting what this process's pools gave back.
+ * CUDA_ERROR_OUT_OF_MEMORY when the container's account has no room. */
+CUresult vc_memory_charge(const struct vc_device *d, uint64_t bytes);
+
+/* Rewrites the driver's figures for d: total becomes the limit (or the device's
+ * size if smaller), used the container's use, free what is left of the limit
+ * (never more than the driver's free, never below 0). */
+void vc_memory_report(const struct vc_device *d, uint64_t *total, uint64_t *free, uint64_t *used);
+
+#endif

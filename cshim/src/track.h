@@ -1,0 +1,31 @@
+/* What each live allocation of this process was charged, so its free gives it back. */
+#ifndef VC_TRACK_H
+#define VC_TRACK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api.h"
+#include "devices.h"
+
+enum vc_kind { VC_KIND_POINTER = 1, VC_KIND_ARRAY, VC_KIND_MIPMAP, VC_KIND_HANDLE };
+
+struct vc_charge {
+    const struct vc_device *device;
+    uint64_t bytes;
+    CUcontext context;        /* freed with it; NULL for VMM handles, which outlive contexts */
+};
+
+/* Remembers the charge of the object (kind, key). */
+void vc_track_add(enum vc_kind kind, uint64_t key, struct vc_charge charge);
+
+/* Forgets (kind, key) and returns its charge; false if it was never charged. */
+bool vc_track_take(enum vc_kind kind, uint64_t key, struct vc_charge *charge);
+
+/* The driver freed every allocation of context: credits them all. */
+void vc_track_drop_context(CUcontext context);
+
+/* In a forked child: the parent's allocations are not ours. */
+void vc_track_forked(void);
+
+#endif

@@ -1,0 +1,987 @@
+/*
+ * Test double of libcuda.so.1 for CI machines without a GPU. It implements the
+ * calls libvcuda.so covers with the driver's bookkeeping and errors: devices
+ * (with CUDA_VISIBLE_DEVICES), contexts, allocations of every kind, pools that
+ * keep freed memory until a synchronization, VMM granularity, and
+ * cuGetProcAddress with versions and per-thread-stream flags. Device memory is
+ * shared by all processes through fake_state.h; a context takes
+ * VCUDA_FAKE_CONTEXT_MIB of it. A forked child starts with no CUDA state.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fake_state.h"
+
+/* The original (v1) names are exported too, as the real driver does. */
+#undef cuGetProcAddress
+#undef cuDevicePrimaryCtxRelease
+#undef cuDeviceGetUuid
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+#define PER_THREAD(name) CUresult name##_ptsz
+PER_THREAD(cuMemAllocAsync)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+PER_THREAD(cuMemAllocFromPoolAsync)(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                    CUstream hStream);
+PER_THREAD(cuMemFreeAsync)(CUdeviceptr dptr, CUstream hStream);
+PER_THREAD(cuStreamSynchronize)(CUstream hStream);
+PER_THREAD(cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                           unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
+                           void **extra);
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev);
+
+#define MIB (1ULL << 20)
+#define GRANULARITY (2 * MIB)
+#define PITCH_ALIGN 512
+#define MAX_CONTEXTS 64
+#define MAX_ALLOCATIONS 8192
+#define MAX_POOLS 64
+#define ROUND_UP(n, to) (((n) + (to) - 1) / (to) * (to))
+
+struct context {
+    int ordinal;
+    bool primary;
+    bool alive;
+};
+
+struct pool {
+    int ordinal;
+    bool on_device;
+    bool alive;
+    uint64_t reserved, used, threshold;
+};
+
+enum kind { K_POINTER = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_ASYNC };
+
+struct allocation {
+    enum kind kind;                   /* 0: free entry */
+    uint64_t handle;
+    uint64_t bytes;
+    int ordinal;
+    struct context *context;          /* NULL for VMM handles */
+    struct pool *pool;                /* K_ASYNC only */
+};
+
+static pid_t initialized_in;
+static int visible[FAKE_MAX_DEVICES], nvisible;
+static struct context contexts[MAX_CONTEXTS];
+static struct context *primary[FAKE_MAX_DEVICES];
+static unsigned primary_refs[FAKE_MAX_DEVICES];
+static struct allocation allocations[MAX_ALLOCATIONS];
+static struct pool pools[MAX_POOLS];
+static struct pool *default_pool[FAKE_MAX_DEVICES], *current_pool[FAKE_MAX_DEVICES];
+static uint64_t next_address = 0x7f0000000000ULL, next_handle = 1;
+/* The thread's context stack; its top is the current context. */
+#define STACK_DEPTH 16
+static __thread struct context *stack[STACK_DEPTH];
+static __thread int depth;
+#define current (depth ? stack[depth - 1] : NULL)
+
+static void push(struct context *c)
+{
+    if (depth < STACK_DEPTH)
+        stack[depth++] = c;
+}
+
+static uint64_t context_bytes(void)
+{
+    const char *mib = getenv("VCUDA_FAKE_CONTEXT_MIB");
+    return (mib ? strtoull(mib, NULL, 10) : 96) * MIB;
+}
+
+/* ---- devices ---- */
+
+static bool ready(void) { return initialized_in == getpid(); }
+
+static int physical(int ordinal) { return visible[ordinal]; }
+
+static bool valid_ordinal(CUdevice dev) { return ready() && dev >= 0 && dev < nvisible; }
+
+/* The driver's checks, in its order, for a call about dev (with_output: its
+ * output pointer is not NULL). */
+static CUresult check_device(bool with_output, CUdevice dev)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!with_output)
+        return CUDA_ERROR_INVALID_VALUE;
+    return valid_ordinal(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* Parses CUDA_VISIBLE_DEVICES like the driver: indices or (prefixes of) UUIDs,
+ * in any order, up to the first entry that names no device. */
+static void choose_visible(const struct fake_state *s)
+{
+    const char *list = getenv("CUDA_VISIBLE_DEVICES");
+    nvisible = 0;
+    if (!list) {
+        for (unsigned i = 0; i < s->ndevices; i++)
+            visible[nvisible++] = (int)i;
+        return;
+    }
+    char copy[1024];
+    strncpy(copy, list, sizeof copy - 1);
+    copy[sizeof copy - 1] = '\0';
+    for (char *save, *item = strtok_r(copy, ",", &save); item && nvisible < FAKE_MAX_DEVICES;
+         item = strtok_r(NULL, ",", &save)) {
+        int found = -1;
+        char *end;
+        long index = strtol(item, &end, 10);
+        if (*item && !*end && index >= 0 && index < (long)s->ndevices)
+            found = (int)index;
+        for (unsigned i = 0; found < 0 && i < s->ndevices; i++) {
+            char uuid[64];
+            fake_uuid_string((int)i, uuid, sizeof uuid);
+            if (strncmp(uuid, item, strlen(item)) == 0 && strlen(item) > 4)
+                found = (int)i;
+        }
+        if (found < 0)
+            break;
+        visible[nvisible++] = found;
+    }
+}
+
+static void forget_process_state(void)
+{
+    memset(contexts, 0, sizeof contexts);
+    memset(primary, 0, sizeof primary);
+    memset(primary_refs, 0, sizeof primary_refs);
+    memset(allocations, 0, sizeof allocations);
+    memset(pools, 0, sizeof pools);
+    memset(default_pool, 0, sizeof default_pool);
+    memset(current_pool, 0, sizeof current_pool);
+    depth = 0;
+}
+
+CUresult cuInit(unsigned int Flags)
+{
+    if (Flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (ready())
+        return CUDA_SUCCESS;
+    struct fake_state *s = fake_state();
+    if (!s || !fake_self())
+        return CUDA_ERROR_NO_DEVICE;
+    forget_process_state();
+    choose_visible(s);
+    initialized_in = getpid();
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDriverGetVersion(int *driverVersion)
+{
+    if (!driverVersion)
+        return CUDA_ERROR_INVALID_VALUE;
+    *driverVersion = CUDA_VERSION;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *count)
+{
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    *count = nvisible;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *device, int ordinal)
+{
+    CUresult r = check_device(device != NULL, ordinal);
+    if (r != CUDA_SUCCESS)
+        return r;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev)
+{
+    CUresult r = check_device(uuid != NULL, dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    memcpy(uuid->bytes, fake_state()->uuid[physical(dev)], 16);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CUresult r = check_device(bytes != NULL, dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    *bytes = fake_state()->total[physical(dev)];
+    return CUDA_SUCCESS;
+}
+
+/* Takes bytes of the device's memory for this process, as the driver would. */
+static CUresult take(int ordinal, uint64_t bytes)
+{
+    int dev = physical(ordinal);
+    if (fake_used(dev) + bytes > fake_state()->total[dev])
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    __atomic_add_fetch(&fake_self()->used[dev], bytes, __ATOMIC_ACQ_REL);
+    return CUDA_SUCCESS;
+}
+
+static void give_back(int ordinal, uint64_t bytes)
+{
+    __atomic_sub_fetch(&fake_self()->used[physical(ordinal)], bytes, __ATOMIC_ACQ_REL);
+}
+
+/* ---- contexts ---- */
+
+static struct context *new_context(int ordinal, bool is_primary)
+{
+    for (int i = 0; i < MAX_CONTEXTS; i++) {
+        if (!contexts[i].alive) {
+            if (take(ordinal, context_bytes()) != CUDA_SUCCESS)
+                return NULL;
+            contexts[i] = (struct context){ordinal, is_primary, true};
+            return &contexts[i];
+        }
+    }
+    return NULL;
+}
+
+static void free_allocation(struct allocation *a);
+
+/* Frees what the context holds (keep_context: a reset) or the context too. */
+static void clear_context(struct context *c, bool keep_context)
+{
+    for (int i = 0; i < MAX_ALLOCATIONS; i++)
+        if (allocations[i].kind && allocations[i].context == c)
+            free_allocation(&allocations[i]);
+    if (keep_context)
+        return;
+    give_back(c->ordinal, context_bytes());
+    c->alive = false;
+    /* Destroying the current context pops it. */
+    if (current == c)
+        depth--;
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    CUresult r = check_device(pctx != NULL, dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!primary[dev] && !(primary[dev] = new_context(dev, true)))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    primary_refs[dev]++;
+    *pctx = (CUcontext)primary[dev];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    CUresult r = check_device(true, dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!primary_refs[dev])
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (--primary_refs[dev] == 0) {
+        clear_context(primary[dev], false);
+        primary[dev] = NULL;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    CUresult r = check_device(true, dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (primary[dev])
+        clear_context(primary[dev], true);
+    return CUDA_SUCCESS;
+}
+
+static CUresult create_context(CUcontext *pctx, CUdevice dev)
+{
+    CUresult r = check_device(pctx != NULL, dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    struct context *c = new_context(dev, false);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    push(c);
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    return create_context(pctx, dev);
+}
+
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev)
+{
+    (void)flags;
+    if (numParams < 0 || (numParams && !paramsArray))
+        return CUDA_ERROR_INVALID_VALUE;
+    return create_context(pctx, dev);
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                        CUdevice dev)
+{
+    (void)params;
+    (void)flags;
+    return create_context(pctx, dev);
+}
+
+static bool live_context(CUcontext ctx)
+{
+    struct context *c = (struct context *)ctx;
+    return c >= contexts && c < contexts + MAX_CONTEXTS && c->alive;
+}
+
+CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!live_context(ctx) || ((struct context *)ctx)->primary)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    clear_context((struct context *)ctx, false);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx && !live_context(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (depth)
+        stack[depth - 1] = (struct context *)ctx;
+    else
+        push((struct context *)ctx);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetCurrent(CUcontext *pctx)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pctx = (CUcontext)current;
+    return CUDA_SUCCESS;
+}
+
+/* The current context, or why there is none. */
+static CUresult need_context(void)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return current && current->alive ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+    CUresult r = need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    *device = current->ordinal;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
+{
+    CUresult r = need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!free || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = physical(current->ordinal);
+    *total = fake_state()->total[dev];
+    *free = *total - fake_used(dev);
+    return CUDA_SUCCESS;
+}
+
+/* ---- allocations ---- */
+
+static struct allocation *record(enum kind kind, uint64_t handle, uint64_t bytes, int ordinal,
+                                 struct context *c, struct pool *pool)
+{
+    for (int i = 0; i < MAX_ALLOCATIONS; i++)
+        if (!allocations[i].kind) {
+            allocations[i] = (struct allocation){kind, handle, bytes, ordinal, c, pool};
+            return &allocations[i];
+        }
+    return NULL;
+}
+
+static struct allocation *lookup(enum kind kind, uint64_t handle)
+{
+    for (int i = 0; i < MAX_ALLOCATIONS; i++)
+        if (allocations[i].kind == kind && allocations[i].handle == handle)
+            return &allocations[i];
+    return NULL;
+}
+
+static void free_allocation(struct allocation *a)
+{
+    if (a->kind == K_ASYNC)
+        a->pool->used -= a->bytes;   /* stays reserved by the pool */
+    else
+        give_back(a->ordinal, a->bytes);
+    a->kind = 0;
+}
+
+/* Takes bytes on the current context's device and records the allocation. */
+static CUresult allocate(enum kind kind, uint64_t *handle, uint64_t bytes)
+{
+    CUresult r = need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!handle || !bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((r = take(current->ordinal, bytes)) != CUDA_SUCCESS)
+        return r;
+    *handle = kind == K_POINTER ? next_address : next_handle++;
+    if (kind == K_POINTER)
+        next_address += ROUND_UP(bytes, GRANULARITY);
+    record(kind, *handle, bytes, current->ordinal, current, NULL);
+    return CUDA_SUCCESS;
+}
+
+static CUresult release(enum kind kind, uint64_t handle)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct allocation *a = lookup(kind, handle);
+    if (!a && kind == K_POINTER)
+        a = lookup(K_ASYNC, handle);   /* cuMemFree also frees stream-ordered memory */
+    if (!a)
+        return kind == K_POINTER ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+    free_allocation(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    return allocate(K_POINTER, (uint64_t *)dptr, bytesize);
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    return allocate(K_POINTER, (uint64_t *)dptr, bytesize);
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                            unsigned int ElementSizeBytes)
+{
+    if (!pPitch || (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t pitch = ROUND_UP(WidthInBytes, PITCH_ALIGN);
+    CUresult r = allocate(K_POINTER, (uint64_t *)dptr, (uint64_t)pitch * Height);
+    if (r == CUDA_SUCCESS)
+        *pPitch = pitch;
+    return r;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) { return release(K_POINTER, dptr); }
+
+static uint64_t element_size(CUarray_format format)
+{
+    switch (format) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    case CU_AD_FORMAT_UNSIGNED_INT32:
+    case CU_AD_FORMAT_SIGNED_INT32:
+    case CU_AD_FORMAT_FLOAT:
+        return 4;
+    default:
+        return 0;
+    }
+}
+
+/* Bytes of one level of an array, padded as the hardware lays rows out. */
+static uint64_t level_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    uint64_t row = ROUND_UP((uint64_t)d->Width * d->NumChannels * element_size(d->Format), PITCH_ALIGN);
+    return row * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1);
+}
+
+static bool valid_descriptor(const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    return d && d->Width && element_size(d->Format)
+           && (d->NumChannels == 1 || d->NumChannels == 2 || d->NumChannels == 4);
+}
+
+CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    if (!valid_descriptor(desc))
+        return CUDA_ERROR_INVALID_VALUE;
+    return allocate(K_ARRAY, (uint64_t *)pHandle, level_bytes(desc));
+}
+
+CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    if (!desc)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {.Width = desc->Width, .Height = desc->Height,
+                                  .Format = desc->Format, .NumChannels = desc->NumChannels};
+    return cuArray3DCreate_v2(pHandle, &d3);
+}
+
+CUresult cuArrayDestroy(CUarray hArray) { return release(K_ARRAY, (uint64_t)hArray); }
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                unsigned int numMipmapLevels)
+{
+    if (!valid_descriptor(desc) || numMipmapLevels == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR level = *desc;
+    uint64_t bytes = 0;
+    for (unsigned i = 0; i < numMipmapLevels && level.Width; i++) {
+        bytes += level_bytes(&level);
+        level.Width /= 2;
+        level.Height /= 2;
+        level.Depth /= 2;
+    }
+    return allocate(K_MIPMAP, (uint64_t *)pHandle, bytes);
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return release(K_MIPMAP, (uint64_t)h); }
+
+static CUresult memory_requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, enum kind kind,
+                                    uint64_t handle, CUdevice device)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct allocation *a = lookup(kind, handle);
+    if (!req || !a)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_ordinal(device))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *req = (CUDA_ARRAY_MEMORY_REQUIREMENTS){.size = a->bytes, .alignment = PITCH_ALIGN};
+    return CUDA_SUCCESS;
+}
+
+CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray array,
+                                      CUdevice device)
+{
+    return memory_requirements(req, K_ARRAY, (uint64_t)array, device);
+}
+
+CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req,
+                                               CUmipmappedArray mipmap, CUdevice device)
+{
+    return memory_requirements(req, K_MIPMAP, (uint64_t)mipmap, device);
+}
+
+/* ---- virtual memory management ---- */
+
+static bool valid_device_prop(const CUmemAllocationProp *prop)
+{
+    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED
+           && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && valid_ordinal(prop->location.id);
+}
+
+CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
+                                       CUmemAllocationGranularity_flags option)
+{
+    (void)option;
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!granularity || !valid_device_prop(prop))
+        return CUDA_ERROR_INVALID_VALUE;
+    *granularity = GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                     const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!handle || !size || size % GRANULARITY || flags || !valid_device_prop(prop))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = take(prop->location.id, size);
+    if (r != CUDA_SUCCESS)
+        return r;
+    *handle = next_handle++;
+    record(K_HANDLE, *handle, size, prop->location.id, NULL, NULL);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return release(K_HANDLE, handle); }
+
+/* ---- stream-ordered allocation ---- */
+
+static struct pool *new_pool(int ordinal, bool on_device)
+{
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (!pools[i].alive) {
+            pools[i] = (struct pool){ordinal, on_device, true, 0, 0, 0};
+            return &pools[i];
+        }
+    return NULL;
+}
+
+static struct pool *live_pool(CUmemoryPool handle)
+{
+    struct pool *p = (struct pool *)handle;
+    return p >= pools && p < pools + MAX_POOLS && p->alive ? p : NULL;
+}
+
+static struct pool *device_default_pool(int ordinal)
+{
+    if (!default_pool[ordinal])
+        default_pool[ordinal] = current_pool[ordinal] = new_pool(ordinal, true);
+    return default_pool[ordinal];
+}
+
+/* Returns what the pool reserves beyond max(used, keep) to the device. */
+static void shrink(struct pool *p, uint64_t keep)
+{
+    uint64_t floor = ROUND_UP(p->used > keep ? p->used : keep, GRANULARITY);
+    if (p->reserved > floor) {
+        if (p->on_device)
+            give_back(p->ordinal, p->reserved - floor);
+        p->reserved = floor;
+    }
+}
+
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    if (!pool || !valid_ordinal(dev))
+        return ready() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    *pool = (CUmemoryPool)device_default_pool(dev);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
+{
+    if (!pool || !valid_ordinal(dev))
+        return ready() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    device_default_pool(dev);
+    *pool = (CUmemoryPool)current_pool[dev];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    struct pool *p = valid_ordinal(dev) ? live_pool(pool) : NULL;
+    if (!p || !p->on_device || p->ordinal != dev)
+        return CUDA_ERROR_INVALID_VALUE;
+    device_default_pool(dev);
+    current_pool[dev] = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return CUDA_ERROR_INVALID_VALUE;
+    bool on_device = props->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
+    if (on_device ? !valid_ordinal(props->location.id)
+                  : props->location.type != CU_MEM_LOCATION_TYPE_HOST)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct pool *p = new_pool(on_device ? props->location.id : 0, on_device);
+    if (!p)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    struct pool *p = live_pool(pool);
+    if (!p || p == default_pool[p->ordinal])
+        return CUDA_ERROR_INVALID_VALUE;
+    p->used = 0;
+    shrink(p, 0);
+    p->alive = false;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    struct pool *p = live_pool(pool);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    shrink(p, minBytesToKeep);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    struct pool *p = live_pool(pool);
+    if (!p || !value)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        *(cuuint64_t *)value = p->reserved;
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        *(cuuint64_t *)value = p->used;
+        return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        *(cuuint64_t *)value = p->threshold;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
+{
+    struct pool *p = live_pool(pool);
+    if (!p || !value || attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        return CUDA_ERROR_INVALID_VALUE;
+    p->threshold = *(cuuint64_t *)value;
+    return CUDA_SUCCESS;
+}
+
+static CUresult allocate_from(struct pool *p, CUdeviceptr *dptr, size_t bytes)
+{
+    CUresult r = need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!p || !dptr || !bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* The pool grows only when its free part cannot hold the request. */
+    if (p->reserved - p->used < bytes) {
+        uint64_t grow = ROUND_UP(bytes, GRANULARITY);
+        if (p->on_device && (r = take(p->ordinal, grow)) != CUDA_SUCCESS)
+            return r;
+        p->reserved += grow;
+    }
+    p->used += bytes;
+    *dptr = next_address;
+    next_address += ROUND_UP(bytes, GRANULARITY);
+    record(K_ASYNC, *dptr, bytes, p->ordinal, current, p);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    (void)hStream;
+    CUresult r = need_context();
+    return r != CUDA_SUCCESS ? r : allocate_from(current_pool[current->ordinal]
+                                                     ? current_pool[current->ordinal]
+                                                     : device_default_pool(current->ordinal),
+                                                 dptr, bytesize);
+}
+
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                 CUstream hStream)
+{
+    (void)hStream;
+    return allocate_from(live_pool(pool), dptr, bytesize);
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    (void)hStream;
+    return release(K_ASYNC, dptr);
+}
+
+/* A synchronization returns what each pool holds beyond its release threshold. */
+static CUresult synchronize(void)
+{
+    CUresult r = need_context();
+    for (int i = 0; r == CUDA_SUCCESS && i < MAX_POOLS; i++)
+        if (pools[i].alive)
+            shrink(&pools[i], pools[i].threshold);
+    return r;
+}
+
+CUresult cuStreamSynchronize(CUstream hStream)
+{
+    (void)hStream;
+    return synchronize();
+}
+
+CUresult cuCtxSynchronize(void) { return synchronize(); }
+
+PER_THREAD(cuMemAllocAsync)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    return cuMemAllocAsync(dptr, bytesize, hStream);
+}
+
+PER_THREAD(cuMemAllocFromPoolAsync)(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                    CUstream hStream)
+{
+    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+}
+
+PER_THREAD(cuMemFreeAsync)(CUdeviceptr dptr, CUstream hStream) { return cuMemFreeAsync(dptr, hStream); }
+
+PER_THREAD(cuStreamSynchronize)(CUstream hStream) { return cuStreamSynchronize(hStream); }
+
+/* No module can be loaded here, so no function handle is valid. */
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
+                        void **extra)
+{
+    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)s;
+    (void)params, (void)extra;
+    return ready() ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+PER_THREAD(cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                           unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
+                           void **extra)
+{
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+}
+
+CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    static const struct { CUresult code; const char *name; } names[] = {
+        {CUDA_SUCCESS, "CUDA_SUCCESS"},
+        {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE"},
+        {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY"},
+        {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED"},
+        {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE"},
+        {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE"},
+        {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT"},
+        {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"},
+        {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND"},
+        {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED"},
+    };
+    if (!pStr)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < sizeof names / sizeof *names; i++)
+        if (names[i].code == error) {
+            *pStr = names[i].name;
+            return CUDA_SUCCESS;
+        }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ---- entry points by name and version ---- */
+
+enum flavour { LEGACY, PER_THREAD_STREAM };
+
+struct entry {
+    const char *symbol;
+    int since;
+    enum flavour flavour;
+    void *fn;
+};
+
+#define E(symbol, since, fn) {symbol, since, LEGACY, (void *)fn}
+#define PT(symbol, since, fn) {symbol, since, PER_THREAD_STREAM, (void *)fn}
+
+static const struct entry entries[] = {
+    E("cuInit", 2000, cuInit),
+    E("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    E("cuDeviceGet", 2000, cuDeviceGet),
+    E("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    E("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    E("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
+    E("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    E("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
+    E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    E("cuCtxCreate", 3020, cuCtxCreate_v2),
+    E("cuCtxCreate", 11040, cuCtxCreate_v3),
+    E("cuCtxCreate", 12050, cuCtxCreate_v4),
+    E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
+    E("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
+    E("cuMemAlloc", 3020, cuMemAlloc_v2),
+    E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
+    E("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    E("cuMemFree", 3020, cuMemFree_v2),
+    E("cuArrayCreate", 3020, cuArrayCreate_v2),
+    E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    E("cuArrayDestroy", 2000, cuArrayDestroy),
+    E("cuArrayGetMemoryRequirements", 11060, cuArrayGetMemoryRequirements),
+    E("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    E("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    E("cuMipmappedArrayGetMemoryRequirements", 11060, cuMipmappedArrayGetMemoryRequirements),
+    E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
+    E("cuMemCreate", 10020, cuMemCreate),
+    E("cuMemRelease", 10020, cuMemRelease),
+    E("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
+    E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    PT("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz),
+    E("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz),
+    E("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    E("cuMemPoolDestroy", 11020, cuMemPoolDestroy),
+    E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    E("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    E("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute),
+    E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
+    E("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
+    E("cuLaunchKernel", 4000, cuLaunchKernel),
+    PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
+    E("cuGetErrorName", 6000, cuGetErrorName),
+    E("cuGetProcAddress", 11030, cuGetProcAddress),
+    E("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+};
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *symbolStatus)
+{
+    const cuuint64_t known = CU_GET_PROC_ADDRESS_LEGACY_STREAM
+                             | CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    if (!symbol || !pfn || (flags & ~known))
+        return CUDA_ERROR_INVALID_VALUE;
+    enum flavour wanted = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ? PER_THREAD_STREAM
+                                                                                 : LEGACY;
+    const struct entry *best = NULL;
+    bool named = false;
+    for (unsigned i = 0; i < sizeof entries / sizeof *entries; i++) {
+        const struct entry *e = &entries[i];
+        if (strcmp(e->symbol, symbol) != 0)
+            continue;
+        named = true;
+        /* The newest version the caller was built for; the per-thread one if asked and there. */
+        if (e->since > cudaVersion || (e->flavour == PER_THREAD_STREAM && wanted != PER_THREAD_STREAM))
+            continue;
+        if (!best || e->since > best->since || (e->since == best->since && e->flavour == wanted))
+            best = e;
+    }
+    *pfn = best ? best->fn : NULL;
+    if (symbolStatus)
+        *symbolStatus = best    ? CU_GET_PROC_ADDRESS_SUCCESS
+                        : named ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                                : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags)
+{
+    return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+}

@@ -1,0 +1,583 @@
+/*
+ * A driver-API program that the tests run under libvcuda.so, against the test
+ * double in CI and the real driver on a GPU machine. It reaches the driver the
+ * way real programs do, chosen by its first argument:
+ *   link          calls libcuda.so.1's exports (it is linked against it)
+ *   dlsym         dlopen + dlsym of each versioned name (as XLA does)
+ *   getproc       dlopen + dlsym("cuGetProcAddress_v2") + cuGetProcAddress
+ *                 for everything (as the CUDA runtime does)
+ *   getproc-ptsz  the same, asking for per-thread default stream versions
+ * then runs the commands that follow, printing one line per command:
+ *   init | ctx DEV | ctxnew DEV | ctxdestroy N | release DEV | reset DEV
+ *   alloc BYTES | managed BYTES | pitch WIDTH HEIGHT | array W H | array3d W H D
+ *   mipmap W H LEVELS | vmm BYTES DEV | granularity | async BYTES | pool BYTES | hostpool BYTES
+ *   freeasync N | sync | trim BYTES | pooldestroy | free N | fill BYTES
+ *   info | total DEV | nvml | wait | sleep MS | fork CMD;CMD... | hammer BYTES
+ *   resolve | wrapped
+ * N is the number an allocation or context command printed. Sizes take a
+ * K, M or G suffix (powers of 1024).
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "api.h"
+
+struct api {
+    CUresult (*Init)(unsigned);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceTotalMem)(size_t *, CUdevice);
+    CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*PrimaryCtxRelease)(CUdevice);
+    CUresult (*PrimaryCtxReset)(CUdevice);
+    CUresult (*CtxCreate)(CUcontext *, CUctxCreateParams *, unsigned, CUdevice);
+    CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxGetDevice)(CUdevice *);
+    CUresult (*MemGetInfo)(size_t *, size_t *);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned);
+    CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*ArrayCreate)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+    CUresult (*Array3DCreate)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+    CUresult (*ArrayDestroy)(CUarray);
+    CUresult (*MipmappedArrayCreate)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+    CUresult (*MipmappedArrayDestroy)(CUmipmappedArray);
+    CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *,
+                                            CUmemAllocationGranularity_flags);
+    CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                          unsigned long long);
+    CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+    CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*MemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+    CUresult (*MemPoolDestroy)(CUmemoryPool);
+    CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
+                               CUdriverProcAddressQueryResult *);
+    CUresult (*GetErrorName)(CUresult, const char **);
+};
+
+struct binding {
+    size_t offset;
+    const char *base;        /* the name cuGetProcAddress knows */
+    const char *versioned;   /* the exported symbol */
+    void *linked;
+};
+
+#define BIND(member, base, symbol) {offsetof(struct api, member), base, #symbol, (void *)symbol}
+
+static const struct binding bindings[] = {
+    BIND(Init, "cuInit", cuInit),
+    BIND(DeviceGetCount, "cuDeviceGetCount", cuDeviceGetCount),
+    BIND(DeviceTotalMem, "cuDeviceTotalMem", cuDeviceTotalMem_v2),
+    BIND(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain),
+    BIND(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
+    BIND(PrimaryCtxReset, "cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2),
+    BIND(CtxCreate, "cuCtxCreate", cuCtxCreate_v4),
+    BIND(CtxDestroy, "cuCtxDestroy", cuCtxDestroy_v2),
+    BIND(CtxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent),
+    BIND(CtxGetDevice, "cuCtxGetDevice", cuCtxGetDevice),
+    BIND(MemGetInfo, "cuMemGetInfo", cuMemGetInfo_v2),
+    BIND(MemAlloc, "cuMemAlloc", cuMemAlloc_v2),
+    BIND(MemAllocManaged, "cuMemAllocManaged", cuMemAllocManaged),
+    BIND(MemAllocPitch, "cuMemAllocPitch", cuMemAllocPitch_v2),
+    BIND(MemFree, "cuMemFree", cuMemFree_v2),
+    BIND(ArrayCreate, "cuArrayCreate", cuArrayCreate_v2),
+    BIND(Array3DCreate, "cuArray3DCreate", cuArray3DCreate_v2),
+    BIND(ArrayDestroy, "cuArrayDestroy", cuArrayDestroy),
+    BIND(MipmappedArrayCreate, "cuMipmappedArrayCreate", cuMipmappedArrayCreate),
+    BIND(MipmappedArrayDestroy, "cuMipmappedArrayDestroy", cuMipmappedArrayDestroy),
+    BIND(MemGetAllocationGranularity, "cuMemGetAllocationGranularity", cuMemGetAllocationGranularity),
+    BIND(MemCreate, "cuMemCreate", cuMemCreate),
+    BIND(MemRelease, "cuMemRelease", cuMemRelease),
+    BIND(MemAllocAsync, "cuMemAllocAsync", cuMemAllocAsync),
+    BIND(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync),
+    BIND(MemFreeAsync, "cuMemFreeAsync", cuMemFreeAsync),
+    BIND(MemPoolCreate, "cuMemPoolCreate", cuMemPoolCreate),
+    BIND(MemPoolDestroy, "cuMemPoolDestroy", cuMemPoolDestroy),
+    BIND(MemPoolTrimTo, "cuMemPoolTrimTo", cuMemPoolTrimTo),
+    BIND(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize),
+    BIND(GetProcAddress, "cuGetProcAddress", cuGetProcAddress_v2),
+    BIND(GetErrorName, "cuGetErrorName", cuGetErrorName),
+};
+
+#define NBINDINGS (sizeof bindings / sizeof *bindings)
+
+static struct api api;
+static const char *prefix = "";
+
+/* Prints one line of output, marked when it comes from a forked child. */
+__attribute__((format(printf, 1, 2))) static void out(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s", prefix);
+    vprintf(fmt, ap);
+    va_end(ap);
+}
+
+static void die(const char *what, const char *detail)
+{
+    fprintf(stderr, "probe: %s %s\n", what, detail ? detail : "");
+    exit(2);
+}
+
+static void bind_all(const char *mode)
+{
+    void *handle = NULL;
+    cuuint64_t flags = CU_GET_PROC_ADDRESS_DEFAULT;
+    if (strcmp(mode, "link") != 0 && !(handle = dlopen("libcuda.so.1", RTLD_NOW)))
+        die("cannot open libcuda.so.1:", dlerror());
+    if (strcmp(mode, "getproc-ptsz") == 0)
+        flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    bool by_getproc = strncmp(mode, "getproc", 7) == 0;
+    if (by_getproc && !(api.GetProcAddress = dlsym(handle, "cuGetProcAddress_v2")))
+        die("no cuGetProcAddress_v2", NULL);
+    for (size_t i = 0; i < NBINDINGS; i++) {
+        const struct binding *b = &bindings[i];
+        void **slot = (void **)((char *)&api + b->offset);
+        if (strcmp(mode, "link") == 0)
+            *slot = b->linked;
+        else if (strcmp(mode, "dlsym") == 0)
+            *slot = dlsym(handle, b->versioned);
+        else if (!by_getproc)
+            die("unknown mode", mode);
+        else if (api.GetProcAddress(b->base, slot, CUDA_VERSION, flags, NULL) != CUDA_SUCCESS)
+            *slot = NULL;
+        if (!*slot)
+            die("cannot resolve", b->base);
+    }
+}
+
+/* ---- objects the commands create ---- */
+
+enum kind { POINTER, ARRAY, MIPMAP, HANDLE, ASYNC, CONTEXT };
+
+struct object {
+    enum kind kind;
+    uint64_t handle;
+};
+
+static struct object objects[65536];
+static int nobjects;
+static CUmemoryPool pool, host_pool;
+
+static int keep(enum kind kind, uint64_t handle)
+{
+    if (nobjects == (int)(sizeof objects / sizeof *objects))
+        die("too many objects", NULL);
+    objects[nobjects] = (struct object){kind, handle};
+    return nobjects++;
+}
+
+static const char *name(CUresult r)
+{
+    const char *s = NULL;
+    api.GetErrorName(r, &s);
+    return s ? s : "CUDA_ERROR_UNKNOWN";
+}
+
+static size_t size_arg(const char *text)
+{
+    char *end;
+    size_t n = strtoull(text, &end, 10);
+    switch (*end) {
+    case 'G':
+        return n << 30;
+    case 'M':
+        return n << 20;
+    case 'K':
+        return n << 10;
+    default:
+        return n;
+    }
+}
+
+static CUdevice current_device(void)
+{
+    CUdevice dev = 0;
+    api.CtxGetDevice(&dev);
+    return dev;
+}
+
+static CUmemAllocationProp device_prop(CUdevice dev)
+{
+    CUmemAllocationProp prop = {0};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    return prop;
+}
+
+static CUmemoryPool make_pool(CUmemLocationType where)
+{
+    CUmemPoolProps props = {0};
+    CUmemoryPool p = NULL;
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = where;
+    props.location.id = where == CU_MEM_LOCATION_TYPE_DEVICE ? current_device() : 0;
+    CUresult r = api.MemPoolCreate(&p, &props);
+    if (r != CUDA_SUCCESS)
+        out("poolcreate %s\n", name(r));
+    return p;
+}
+
+static CUresult free_object(int n)
+{
+    if (n < 0 || n >= nobjects)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct object *o = &objects[n];
+    switch (o->kind) {
+    case POINTER:
+        return api.MemFree(o->handle);
+    case ARRAY:
+        return api.ArrayDestroy((CUarray)o->handle);
+    case MIPMAP:
+        return api.MipmappedArrayDestroy((CUmipmappedArray)o->handle);
+    case HANDLE:
+        return api.MemRelease(o->handle);
+    case ASYNC:
+        return api.MemFreeAsync(o->handle, 0);
+    case CONTEXT:
+        return api.CtxDestroy((CUcontext)o->handle);
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static void report(const char *command, CUresult r, enum kind kind, uint64_t handle)
+{
+    if (r == CUDA_SUCCESS)
+        out("%s %s %d\n", command, name(r), keep(kind, handle));
+    else
+        out("%s %s\n", command, name(r));
+}
+
+/* The symbol and library that an entry point belongs to. */
+static void describe(void *fn, const char **lib, const char **sym)
+{
+    Dl_info info;
+    *lib = *sym = "-";
+    if (fn && dladdr(fn, &info)) {
+        const char *slash = info.dli_fname ? strrchr(info.dli_fname, '/') : NULL;
+        *lib = slash ? slash + 1 : info.dli_fname;
+        *sym = info.dli_sname && info.dli_saddr == fn ? info.dli_sname : "?";
+    }
+}
+
+/* What cuGetProcAddress hands out for each intercepted name (and a few that
+ * are not) at several versions and stream flavours. */
+static void resolve_all(void)
+{
+    static const char *const extra[] = {"cuLaunchKernel", "cuMemFreeAsync", "cuStreamSynchronize",
+                                        "cuCtxGetDevice"};
+    static const int versions[] = {3020, 4000, 7000, 10020, 11000, 11020, 11040, 12000, 12050,
+                                   CUDA_VERSION};
+    static const cuuint64_t flavours[] = {CU_GET_PROC_ADDRESS_DEFAULT,
+                                          CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+                                          CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
+    const char *names[64];
+    char bases[64][128];
+    int n = 0, nseen = 0;
+#define VC_BASE_NAME(sym, params, args) names[n++] = #sym;
+    VC_INTERCEPTED(VC_BASE_NAME, VC_BASE_NAME)
+#undef VC_BASE_NAME
+    for (unsigned i = 0; i < sizeof extra / sizeof *extra; i++)
+        names[n++] = extra[i];
+    for (int i = 0; i < n; i++) {
+        char base[128];
+        snprintf(base, sizeof base, "%s", names[i]);
+        /* cuMemAlloc_v2 and cuMemAllocAsync_ptsz are asked for as cuMemAlloc and cuMemAllocAsync. */
+        char *suffix = strstr(base, "_ptsz");
+        if (suffix)
+            *suffix = '\0';
+        suffix = strrchr(base, '_');
+        if (suffix && suffix[1] == 'v' && suffix[2] >= '0' && suffix[2] <= '9')
+            *suffix = '\0';
+        bool seen = strncmp(base, "nvml", 4) == 0;
+        for (int j = 0; j < nseen && !seen; j++)
+            seen = strcmp(bases[j], base) == 0;
+        if (seen)
+            continue;
+        snprintf(bases[nseen++], sizeof bases[0], "%s", base);
+        for (unsigned v = 0; v < sizeof versions / sizeof *versions; v++)
+            for (unsigned f = 0; f < sizeof flavours / sizeof *flavours; f++) {
+                void *fn = NULL;
+                CUresult r = api.GetProcAddress(base, &fn, versions[v], flavours[f], NULL);
+                const char *lib, *sym;
+                describe(fn, &lib, &sym);
+                out("resolve %s %d %llu %s %s %s\n", base, versions[v],
+                       (unsigned long long)flavours[f], name(r), lib, sym);
+            }
+    }
+}
+
+/* NVML reached as pynvml and nvidia-smi do: dlopen and dlsym. */
+static void nvml_report(void)
+{
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!h)
+        die("cannot open libnvidia-ml.so.1:", dlerror());
+    int (*init)(void) = dlsym(h, "nvmlInit_v2");
+    int (*count)(unsigned *) = dlsym(h, "nvmlDeviceGetCount_v2");
+    int (*by_index)(unsigned, nvmlDevice_t *) = dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    int (*uuid)(nvmlDevice_t, char *, unsigned) = dlsym(h, "nvmlDeviceGetUUID");
+    int (*info)(nvmlDevice_t, nvmlMemory_t *) = dlsym(h, "nvmlDeviceGetMemoryInfo");
+    int (*info2)(nvmlDevice_t, nvmlMemory_v2_t *) = dlsym(h, "nvmlDeviceGetMemoryInfo_v2");
+    unsigned n = 0;
+    if (!init || !count || !by_index || !uuid || !info || !info2 || init() || count(&n))
+        die("NVML unusable", NULL);
+    for (unsigned i = 0; i < n; i++) {
+        nvmlDevice_t d;
+        char text[96] = "";
+        nvmlMemory_t m = {0};
+        nvmlMemory_v2_t m2 = {.version = (unsigned)(sizeof m2 | 2 << 24)};
+        by_index(i, &d);
+        uuid(d, text, sizeof text);
+        int r1 = info(d, &m), r2 = info2(d, &m2);
+        out("nvml %u %s %d %llu %llu %llu %d %llu %llu %llu %llu\n", i, text, r1, m.total, m.free,
+               m.used, r2, m2.total, m2.reserved, m2.free, m2.used);
+    }
+}
+
+static volatile bool hammering;
+static size_t hammer_bytes;
+
+/* Allocates and frees in a loop, so a fork can land while a thread is inside the shim. */
+static void *hammer(void *context)
+{
+    api.CtxSetCurrent(context);
+    while (hammering) {
+        CUdeviceptr p;
+        if (api.MemAlloc(&p, hammer_bytes) == CUDA_SUCCESS)
+            api.MemFree(p);
+    }
+    return NULL;
+}
+
+static int run(char **cmd, int n);
+
+/* Runs one command starting at cmd[0]; returns how many words it used. */
+static int step(char **cmd, int left)
+{
+    const char *c = cmd[0];
+    CUresult r;
+    CUdeviceptr p = 0;
+    const char *a1 = left > 1 ? cmd[1] : "0", *a2 = left > 2 ? cmd[2] : "0",
+               *a3 = left > 3 ? cmd[3] : "0";
+    if (!strcmp(c, "init")) {
+        out("init %s\n", name(api.Init(0)));
+        return 1;
+    }
+    if (!strcmp(c, "ctx")) {
+        CUcontext ctx;
+        r = api.PrimaryCtxRetain(&ctx, atoi(a1));
+        if (r == CUDA_SUCCESS)
+            api.CtxSetCurrent(ctx);
+        out("ctx %s\n", name(r));
+        return 2;
+    }
+    if (!strcmp(c, "ctxnew")) {
+        CUcontext ctx;
+        r = api.CtxCreate(&ctx, NULL, 0, atoi(a1));
+        report("ctxnew", r, CONTEXT, (uint64_t)(uintptr_t)ctx);
+        return 2;
+    }
+    if (!strcmp(c, "release") || !strcmp(c, "reset")) {
+        r = (!strcmp(c, "release") ? api.PrimaryCtxRelease : api.PrimaryCtxReset)(atoi(a1));
+        out("%s %s\n", c, name(r));
+        return 2;
+    }
+    if (!strcmp(c, "alloc") || !strcmp(c, "managed")) {
+        r = c[0] == 'a' ? api.MemAlloc(&p, size_arg(a1))
+                        : api.MemAllocManaged(&p, size_arg(a1), CU_MEM_ATTACH_GLOBAL);
+        report(c, r, POINTER, p);
+        return 2;
+    }
+    if (!strcmp(c, "pitch")) {
+        size_t pitch = 0;
+        r = api.MemAllocPitch(&p, &pitch, size_arg(a1), size_arg(a2), 4);
+        if (r == CUDA_SUCCESS)
+            out("pitch %s %zu %d\n", name(r), pitch, keep(POINTER, p));
+        else
+            out("pitch %s\n", name(r));
+        return 3;
+    }
+    if (!strcmp(c, "array") || !strcmp(c, "array3d") || !strcmp(c, "mipmap")) {
+        CUDA_ARRAY3D_DESCRIPTOR d = {.Width = size_arg(a1), .Height = size_arg(a2),
+                                     .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        if (!strcmp(c, "array")) {
+            CUDA_ARRAY_DESCRIPTOR d2 = {.Width = d.Width, .Height = d.Height, .Format = d.Format,
+                                        .NumChannels = 1};
+            CUarray a = NULL;
+            r = api.ArrayCreate(&a, &d2);
+            report(c, r, ARRAY, (uint64_t)(uintptr_t)a);
+            return 3;
+        }
+        if (!strcmp(c, "array3d")) {
+            CUarray a = NULL;
+            d.Depth = size_arg(a3);
+            r = api.Array3DCreate(&a, &d);
+            report(c, r, ARRAY, (uint64_t)(uintptr_t)a);
+            return 4;
+        }
+        CUmipmappedArray m = NULL;
+        r = api.MipmappedArrayCreate(&m, &d, (unsigned)atoi(a3));
+        report(c, r, MIPMAP, (uint64_t)(uintptr_t)m);
+        return 4;
+    }
+    if (!strcmp(c, "vmm")) {
+        CUmemAllocationProp prop = device_prop(atoi(a2));
+        CUmemGenericAllocationHandle h = 0;
+        r = api.MemCreate(&h, size_arg(a1), &prop, 0);
+        report(c, r, HANDLE, h);
+        return 3;
+    }
+    if (!strcmp(c, "granularity")) {
+        CUmemAllocationProp prop = device_prop(current_device());
+        size_t g = 0;
+        r = api.MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+        out("granularity %s %zu\n", name(r), g);
+        return 1;
+    }
+    if (!strcmp(c, "async")) {
+        r = api.MemAllocAsync(&p, size_arg(a1), 0);
+        report(c, r, ASYNC, p);
+        return 2;
+    }
+    if (!strcmp(c, "pool") || !strcmp(c, "hostpool")) {
+        CUmemoryPool *which = c[0] == 'p' ? &pool : &host_pool;
+        if (!*which)
+            *which = make_pool(c[0] == 'p' ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST);
+        r = api.MemAllocFromPoolAsync(&p, size_arg(a1), *which, 0);
+        report(c, r, ASYNC, p);
+        return 2;
+    }
+    if (!strcmp(c, "sync")) {
+        out("sync %s\n", name(api.StreamSynchronize(0)));
+        return 1;
+    }
+    if (!strcmp(c, "trim")) {
+        out("trim %s\n", name(api.MemPoolTrimTo(pool, size_arg(a1))));
+        return 2;
+    }
+    if (!strcmp(c, "pooldestroy")) {
+        out("pooldestroy %s\n", name(api.MemPoolDestroy(pool)));
+        pool = NULL;
+        return 1;
+    }
+    if (!strcmp(c, "free") || !strcmp(c, "freeasync") || !strcmp(c, "ctxdestroy")) {
+        out("%s %s\n", c, name(free_object(atoi(a1))));
+        return 2;
+    }
+    if (!strcmp(c, "fill")) {
+        size_t chunk = size_arg(a1), count = 0;
+        while ((r = api.MemAlloc(&p, chunk)) == CUDA_SUCCESS) {
+            keep(POINTER, p);
+            count++;
+        }
+        out("fill %zu %s\n", count, name(r));
+        return 2;
+    }
+    if (!strcmp(c, "info")) {
+        size_t free = 0, total = 0;
+        r = api.MemGetInfo(&free, &total);
+        out("info %s %zu %zu\n", name(r), free, total);
+        return 1;
+    }
+    if (!strcmp(c, "total")) {
+        size_t total = 0;
+        r = api.DeviceTotalMem(&total, atoi(a1));
+        out("total %s %zu\n", name(r), total);
+        return 2;
+    }
+    if (!strcmp(c, "nvml")) {
+        nvml_report();
+        return 1;
+    }
+    if (!strcmp(c, "wait")) {
+        char line[64];
+        out("waiting\n");
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin))
+            exit(0);
+        return 1;
+    }
+    if (!strcmp(c, "sleep")) {
+        usleep((useconds_t)atoi(a1) * 1000);
+        return 2;
+    }
+    if (!strcmp(c, "fork")) {
+        char copy[1024], *words[128];
+        int n = 0;
+        snprintf(copy, sizeof copy, "%s", a1);
+        for (char *save, *w = strtok_r(copy, "; ", &save); w && n < 128; w = strtok_r(NULL, "; ", &save))
+            words[n++] = w;
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) {
+            prefix = "child ";
+            run(words, n);
+            fflush(stdout);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        out("fork %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        return 2;
+    }
+    if (!strcmp(c, "hammer")) {
+        static pthread_t thread;
+        CUcontext ctx = NULL;
+        api.PrimaryCtxRetain(&ctx, current_device());
+        hammer_bytes = size_arg(a1);
+        hammering = hammer_bytes > 0;
+        if (hammering)
+            pthread_create(&thread, NULL, hammer, ctx);
+        else
+            pthread_join(thread, NULL);
+        out("hammer %s\n", hammering ? "on" : "off");
+        return 2;
+    }
+    if (!strcmp(c, "resolve")) {
+        resolve_all();
+        return 1;
+    }
+    if (!strcmp(c, "wrapped")) {
+#define VC_PRINT(sym, params, args) out("wrapped %s\n", #sym);
+        VC_INTERCEPTED(VC_PRINT, VC_PRINT)
+#undef VC_PRINT
+        return 1;
+    }
+    die("unknown command", c);
+    return 0;
+}
+
+static int run(char **cmd, int n)
+{
+    for (int i = 0; i < n;) {
+        i += step(cmd + i, n - i);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        die("usage: probe link|dlsym|getproc|getproc-ptsz COMMAND...", NULL);
+    bind_all(argv[1]);
+    return run(argv + 2, argc - 2);
+}
