@@ -290,13 +290,13 @@ def test_hostile_environment_does_not_reach_the_hook(
     marker = tmp_path / "hijacked"
     evil = tmp_path / "evil"
     evil.mkdir()
-    for module in ("json", "argparse", "os_helpers", "sitecustomize"):
+    for module in ("fcntl", "collections", "ctypes", "sitecustomize"):  # modules the hook loads
         (evil / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     (evil / "evil.so").write_text("not a library\n")
     poison = (
         f"LD_PRELOAD={evil / 'evil.so'}",
         f"PYTHONPATH={evil}",
-        f"PYTHONSTARTUP={evil / 'json.py'}",
+        f"PYTHONSTARTUP={evil / 'fcntl.py'}",
         "PYTHONHOME=/nonexistent",
         "PYTHONINSPECT=1",
     )
