@@ -123,9 +123,9 @@ int vc_limits_parse(const char *text, size_t len, struct vc_limits *out, char *e
         || (fields[F_CORES].key && !number(fields[F_CORES].value, fields[F_CORES].len, &cores)))
         return fail(err, errlen, "memory and cores must be whole numbers");
     if (out->memory == 0)
-        return fail(err, errlen, "memory must be a positive number of bytes");
+        return fail(err, errlen, "memory must be a positive number of bytes, got 0");
     if (cores < 1 || cores > 100)
-        return fail(err, errlen, "cores must be 1..100");
+        return fail(err, errlen, "cores must be 1..100, got %llu", (unsigned long long)cores);
     out->cores = (unsigned)cores;
     if (fields[F_DEVICES].key
         && parse_devices(fields[F_DEVICES].value, fields[F_DEVICES].len, out, err, errlen) != 0)

@@ -530,8 +530,7 @@ static int step(char **cmd, int left)
         if (child == 0) {
             prefix = "child ";
             run(words, n);
-            fflush(stdout);
-            _exit(0);
+            exit(0);
         }
         int status = 0;
         waitpid(child, &status, 0);

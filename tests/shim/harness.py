@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,27 +90,48 @@ class FakeGpu:
         """The probe's output, one list of words per line."""
         return [line.split() for line in self.run(*words, **kwargs).stdout.splitlines()]
 
-    def start(self, *words: str, mode: str = "link", **extra: str) -> subprocess.Popen[str]:
-        """Start the probe in the background; talk to it through stdin/stdout."""
-        return subprocess.Popen(
+    @contextmanager
+    def running(self, *words: str, mode: str = "link", **extra: str) -> Iterator[Background]:
+        """Run the probe in the background up to its first ``wait``; kill it at the end."""
+        process = subprocess.Popen(
             self.command(*words, mode=mode),
             env=self.environment(True, **extra),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
             text=True,
         )
+        background = Background(process)
+        try:
+            background.lines = background.read_to_wait()
+            yield background
+        finally:
+            process.kill()
+            process.wait()
 
 
-def read_until(process: subprocess.Popen[str], word: str) -> list[list[str]]:
-    """Lines a background probe prints up to (and with) the first that starts with ``word``."""
-    assert process.stdout is not None
-    seen = []
-    for line in process.stdout:
-        seen.append(line.split())
-        if seen[-1][:1] == [word]:
-            return seen
-    raise AssertionError(f"probe ended before {word!r}: {seen}")
+@dataclass
+class Background:
+    """A probe running in the background, stopped at a ``wait`` command."""
+
+    process: subprocess.Popen[str]
+    lines: list[list[str]] = field(default_factory=list)
+
+    def read_to_wait(self) -> list[list[str]]:
+        """Lines printed up to the next ``waiting`` (or the end)."""
+        assert self.process.stdout is not None
+        seen = []
+        for line in self.process.stdout:
+            if line.strip() == "waiting":
+                return seen
+            seen.append(line.split())
+        return seen
+
+    def resume(self) -> list[list[str]]:
+        """Let the probe go on to its next ``wait`` or its end; return what it printed."""
+        assert self.process.stdin is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+        return self.read_to_wait()
 
 
 def info(lines: list[list[str]]) -> tuple[int, int]:
@@ -115,3 +139,43 @@ def info(lines: list[list[str]]) -> tuple[int, int]:
     last = [line for line in lines if line[0] == "info"][-1]
     assert last[1] == "CUDA_SUCCESS", last
     return int(last[2]), int(last[3])
+
+
+# The shared account's layout (version 1), as cshim/README.md documents it.
+ACCOUNT_MAGIC = b"VCUDAACC"
+HEADER = struct.Struct("<8sIIIIIIqII")
+UUIDS_AT, UUID_SIZE, LOCK_AT = 64, 96, 1600
+SLOTS_AT, SLOT = 4096, struct.Struct("<iIQ16Q")
+
+
+def account_used(path: Path) -> dict[str, int]:
+    """Bytes in use per device UUID, summed over the account's slots, as a reader would."""
+    data = path.read_bytes()
+    magic, version, _, max_devices, _, slot_size, _, _, ndevices, bound = HEADER.unpack_from(data)
+    assert (magic, version, max_devices, slot_size) == (ACCOUNT_MAGIC, 1, 16, SLOT.size)
+    used: dict[str, int] = {}
+    for dev in range(ndevices):
+        raw = data[UUIDS_AT + dev * UUID_SIZE : UUIDS_AT + (dev + 1) * UUID_SIZE]
+        uuid = raw.split(b"\0")[0].decode()
+        slots = (SLOT.unpack_from(data, SLOTS_AT + i * SLOT.size) for i in range(bound))
+        used[uuid] = sum(slot[3 + dev] for slot in slots if slot[0])
+    return used
+
+
+def write_slot(path: Path, index: int, pid: int, start: int, used_on_first_device: int) -> None:
+    """Put a slot into the account as a process (pid, start time) would have left it."""
+    with path.open("r+b") as f:
+        data = bytearray(f.read())
+        SLOT.pack_into(data, SLOTS_AT + index * SLOT.size, pid, 0, start, used_on_first_device,
+                       *[0] * 15)
+        fields = list(HEADER.unpack_from(data))
+        fields[-1] = max(fields[-1], index + 1)
+        HEADER.pack_into(data, 0, *fields)
+        f.seek(0)
+        f.write(data)
+
+
+def start_time(pid: int) -> int:
+    """A process's start time in clock ticks since boot (/proc/<pid>/stat field 22)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[19])

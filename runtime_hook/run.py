@@ -1,0 +1,220 @@
+"""`vcuda-run`: runs one command under libvcuda.so with GPU limits, on any Linux GPU machine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+from decimal import Decimal
+from pathlib import Path
+
+from runtime_hook.limits_file import CONTAINER_PATH, Limits, LimitsFormatError, render
+
+LIMITS_ENV = "VCUDA_LIMITS_FILE"
+LIBRARY_ENV = "VCUDA_LIBRARY"
+_SYSTEM_LIBRARIES = ("/usr/local/lib/vcuda/libvcuda.so", "/usr/lib/vcuda/libvcuda.so")
+_DIR_PREFIX = "vcuda-run-"
+_OWNER_FILE = "owner"
+_UNITS = {
+    "": 1,
+    "k": 1000,
+    "M": 1000**2,
+    "G": 1000**3,
+    "T": 1000**4,
+    "Ki": 1024,
+    "Mi": 1024**2,
+    "Gi": 1024**3,
+    "Ti": 1024**4,
+}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
+
+_DESCRIPTION = """\
+Runs CMD with libvcuda.so preloaded, so that CMD and every process it starts
+see a GPU of --memory bytes: allocations past it fail with out-of-memory, and
+cuMemGetInfo, nvidia-smi and NVML report it as the GPU's total. All of them
+share one account. Nothing else about CMD changes.
+
+vcuda-run writes the limits to a private directory under $TMPDIR, points the
+library at it with $VCUDA_LIMITS_FILE, and replaces itself with CMD (same pid).
+Where /etc/vcuda/limits exists (inside a vcuda container) that file wins.
+"""
+
+_EPILOG = """\
+sizes: a number of bytes, or a number with a unit: Ki, Mi, Gi, Ti (powers of
+1024) or k, M, G, T (powers of 1000), as Kubernetes writes them: 4Gi, 512Mi.
+
+examples:
+  vcuda-run --memory 4Gi -- python train.py
+  vcuda-run --memory 8Gi --devices GPU-5c3d1a2b-... -- ./solver
+  vcuda-run --memory 4Gi --account /tmp/team.acct -- python a.py   # and b.py:
+  vcuda-run --memory 4Gi --account /tmp/team.acct -- python b.py   # one 4Gi for both
+"""
+
+
+class UsageError(Exception):
+    """A bad command line; the message says what to write instead."""
+
+
+def parse_size(text: str) -> int:
+    """Return the bytes that a size such as ``4Gi``, ``512Mi`` or ``1000000`` names."""
+    match = _SIZE.fullmatch(text.strip())
+    if not match:
+        raise UsageError(
+            f"bad size {text!r}: write a number of bytes, or a number with a unit "
+            "Ki, Mi, Gi, Ti (powers of 1024) or k, M, G, T (powers of 1000), e.g. 4Gi"
+        )
+    number = Decimal(match[1]) * _UNITS[match[2] or ""]
+    if number < 1:
+        raise UsageError(f"size {text!r} is less than one byte: the limit must be positive")
+    return int(number)
+
+
+def _library_candidates() -> list[str]:
+    checkout = Path(__file__).resolve().parent.parent / "cshim" / "build" / "libvcuda.so"
+    named = os.environ.get(LIBRARY_ENV)
+    return [*([named] if named else []), str(checkout), *_SYSTEM_LIBRARIES]
+
+
+def find_library(explicit: str | None) -> Path:
+    """Return libvcuda.so: ``explicit``, $VCUDA_LIBRARY, this checkout's build, or a system path."""
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise UsageError(f"--library {explicit}: no such file")
+        return path.resolve()
+    candidates = _library_candidates()
+    for candidate in candidates:
+        if Path(candidate).is_file():
+            return Path(candidate).resolve()
+    looked = ", ".join(candidates)
+    raise UsageError(
+        f"libvcuda.so not found (looked at {looked}): build it with 'make -C cshim', "
+        f"or name it with --library or ${LIBRARY_ENV}"
+    )
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of ``pid`` (/proc/<pid>/stat field 22), or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _sweep_stale_dirs(base: Path) -> None:
+    """Remove the directories of earlier vcuda-run commands whose process has ended."""
+    for directory in base.glob(_DIR_PREFIX + "*"):
+        try:
+            if directory.stat().st_uid != os.getuid():
+                continue
+            pid, start = (directory / _OWNER_FILE).read_text().split()
+        except (OSError, ValueError):
+            continue
+        if _start_time(int(pid)) != start:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_limits(limits: Limits, directory: Path) -> Path:
+    path = directory / "limits"
+    path.write_text(render(limits))
+    path.chmod(0o444)
+    return path
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vcuda-run",
+        usage="vcuda-run --memory SIZE [--cores N] [--devices UUID,...] [--account FILE] "
+        "-- CMD ...",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--memory", required=True, metavar="SIZE", help="GPU memory for CMD")
+    parser.add_argument(
+        "--cores",
+        type=int,
+        default=100,
+        metavar="N",
+        help="percent of each GPU's time, 1..100 (recorded; compute pacing is not enforced yet)",
+    )
+    parser.add_argument(
+        "--devices",
+        default="",
+        metavar="UUID,...",
+        help="GPU UUIDs (as nvidia-smi -L prints them) the limits apply to; default: every GPU",
+    )
+    parser.add_argument(
+        "--account",
+        metavar="FILE",
+        help="shared account file: commands given the same one share the memory; "
+        "default: a new one for this command",
+    )
+    parser.add_argument(
+        "--library",
+        metavar="PATH",
+        help=f"libvcuda.so to preload; default: ${LIBRARY_ENV}, then this checkout's "
+        "cshim/build, /usr/local/lib/vcuda, /usr/lib/vcuda",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    return parser
+
+
+def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]:
+    """Check the arguments, write the limits; return the command, its environment and the dir."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError(
+            "no command given: write it after '--', e.g. vcuda-run --memory 4Gi -- nvidia-smi"
+        )
+    memory = parse_size(args.memory)
+    library = find_library(args.library)
+    devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
+    base = Path(tempfile.gettempdir())
+    _sweep_stale_dirs(base)
+    directory = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX, dir=base))
+    try:
+        account = args.account or str(directory / "account")
+        limits = Limits(memory=memory, cores=args.cores, devices=devices, account=account)
+        path = _write_limits(limits, directory)
+        (directory / _OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    env = dict(os.environ)
+    env[LIMITS_ENV] = str(path)
+    preload = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{library}:{preload}" if preload else str(library)
+    return command, env, directory
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``vcuda-run``; returns an exit status only when CMD could not be started."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        command, env, directory = _prepare(args)
+    except (UsageError, LimitsFormatError) as exc:
+        parser.error(str(exc))
+    if Path(CONTAINER_PATH).exists():
+        print(
+            f"vcuda-run: {CONTAINER_PATH} exists here and wins: CMD runs with its limits",
+            file=sys.stderr,
+        )
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        shutil.rmtree(directory, ignore_errors=True)
+        missing = isinstance(exc, FileNotFoundError)
+        reason = "command not found" if missing else exc.strerror
+        print(f"vcuda-run: {command[0]}: {reason}", file=sys.stderr)
+        return 127 if missing else 126
+
+
+if __name__ == "__main__":
+    sys.exit(main())

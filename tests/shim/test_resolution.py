@@ -1,0 +1,88 @@
+"""Every way to the driver leads to the wrappers, version for version; nothing else changes."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.shim.harness import LIBRARY, TESTS, FakeGpu
+
+
+def resolutions(gpu: FakeGpu, shim: bool, mode: str = "getproc") -> dict[tuple[str, ...], list]:
+    """(name, version, flags) -> [result, library, symbol] as cuGetProcAddress answers."""
+    lines = gpu.lines("resolve", mode=mode, shim=shim)
+    return {tuple(line[1:4]): line[4:] for line in lines}
+
+
+def wrapped(gpu: FakeGpu) -> set[str]:
+    return {line[1] for line in gpu.lines("wrapped")}
+
+
+@pytest.mark.parametrize("mode", ["getproc", "link"])
+def test_cuGetProcAddress_hands_out_the_wrapper_of_exactly_the_version_the_driver_chose(
+    gpu: FakeGpu, mode: str
+) -> None:
+    gpu.limit(1 << 30)
+    driver = resolutions(gpu, shim=False, mode=mode)
+    shimmed = resolutions(gpu, shim=True, mode=mode)
+    names = wrapped(gpu)
+    assert driver.keys() == shimmed.keys()
+    for key, (result, library, symbol) in driver.items():
+        expected_library = "libvcuda.so" if symbol in names else library
+        assert shimmed[key] == [result, expected_library, symbol], key
+    # The table covers old and new versions, both stream flavours, and refusals.
+    assert {"cuMemAlloc_v2", "cuMemAllocAsync_ptsz", "cuCtxCreate_v2", "cuCtxCreate_v4"} <= {
+        symbol for _, _, symbol in shimmed.values()
+    }
+    assert ["CUDA_ERROR_NOT_FOUND", "-", "-"] in shimmed.values()
+
+
+def test_an_old_version_gets_the_drivers_own_unwrapped_entry_point(gpu: FakeGpu) -> None:
+    gpu.limit(1 << 30)
+    release = resolutions(gpu, shim=True)
+    assert release[("cuDevicePrimaryCtxRelease", "10020", "0")][1:] == [
+        "libcuda.so.1",
+        "cuDevicePrimaryCtxRelease",
+    ]
+    assert release[("cuDevicePrimaryCtxRelease", "11000", "0")][1:] == [
+        "libvcuda.so",
+        "cuDevicePrimaryCtxRelease_v2",
+    ]
+
+
+def test_kernel_launches_are_not_wrapped_in_any_flavour(gpu: FakeGpu) -> None:
+    gpu.limit(1 << 30)
+    launches = {k: v for k, v in resolutions(gpu, shim=True).items() if k[0] == "cuLaunchKernel"}
+    assert {v[1] for v in launches.values() if v[0] == "CUDA_SUCCESS"} == {"libcuda.so.1"}
+    assert ["CUDA_SUCCESS", "libcuda.so.1", "cuLaunchKernel_ptsz"] in launches.values()
+
+
+def test_without_a_limits_file_nothing_is_wrapped(gpu: FakeGpu) -> None:
+    assert resolutions(gpu, shim=True) == resolutions(gpu, shim=False)
+
+
+def test_the_library_exports_exactly_the_intercepted_symbols_and_dlsym(gpu: FakeGpu) -> None:
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(LIBRARY)], capture_output=True, text=True, check=True
+    ).stdout
+    exported = {line.split()[-1] for line in out.splitlines()}
+    assert exported == wrapped(gpu) | {"dlsym"}
+
+
+def test_interposers_that_use_dlsym_rtld_next_still_find_the_next_definition(
+    gpu: FakeGpu,
+) -> None:
+    result = subprocess.run(
+        [str(TESTS / "nexthook_prog")],
+        env=dict(
+            gpu.env,
+            LD_PRELOAD=f"{LIBRARY} {TESTS / 'libnexthook.so'}",
+            VCUDA_NEXTHOOK_PROBE="value",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert result.stdout == "hooked:value\n"
