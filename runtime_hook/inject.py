@@ -76,6 +76,12 @@ def install(pid: int, rootfs: str, sources: Sources) -> None:
                 "the container shares the host's mount namespace",
                 "give the container its own mount namespace",
             )
+        if _identity(root_stat) == _identity(os.stat("/")):
+            # Mountpoints would be created in the host's own /etc, /usr and /run.
+            raise HookError(
+                "the container's root is the host's root directory",
+                "give the container a root filesystem of its own",
+            )
         _in_child(lambda: _attach_all(ns, proc_root, preload, rootfs, root_stat, sources))
     finally:
         for fd in (ns, proc_root, preload):

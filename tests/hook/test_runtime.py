@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from runtime_hook.gpu_inventory import Gpu, write
+from runtime_hook.hook_errors import HookError
+from runtime_hook.inject import Sources, install
 from runtime_hook.limits_file import Limits, parse
 from tests.hook.bundles import (
     HookSetup,
@@ -308,6 +310,32 @@ def test_hostile_environment_does_not_reach_the_hook(
     assert result.returncode == 0, result.stderr
     _assert_limits_inside(result.stdout, hook)
     assert not marker.exists()
+
+
+def test_container_whose_root_is_the_host_root_is_refused(hook: HookSetup, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a process its own mount namespace")
+    stand_in = subprocess.Popen(["unshare", "--mount", "sleep", "60"])
+    try:
+        for _ in range(100):  # wait until it is in its own mount namespace
+            if (
+                os.stat(f"/proc/{stand_in.pid}/ns/mnt").st_ino
+                != os.stat("/proc/self/ns/mnt").st_ino
+            ):
+                break
+            time.sleep(0.01)
+        (tmp_path / "preload").touch()
+        sources = Sources(
+            library=str(hook.library),
+            limits=str(hook.library),
+            preload=str(tmp_path / "preload"),
+            account_dir=str(tmp_path),
+        )
+        with pytest.raises(HookError, match="the container's root is the host's root"):
+            install(stand_in.pid, "/", sources)
+    finally:
+        stand_in.kill()
+        stand_in.wait()
 
 
 LISTING = "ls -a /; ls -la /etc /run /usr 2>&1; awk '{print $5, $6}' /proc/self/mountinfo"
