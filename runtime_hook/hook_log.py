@@ -48,8 +48,13 @@ class HookLog:
                 os.replace(self._path, self._path + ".1")
         except OSError:
             pass  # no file yet
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
         try:
-            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            try:
+                fd = os.open(self._path, flags, 0o640)
+            except FileNotFoundError:  # a fresh node: the state dir is not there yet
+                os.makedirs(os.path.dirname(self._path), mode=0o755, exist_ok=True)
+                fd = os.open(self._path, flags, 0o640)
         except OSError:
             return
         try:

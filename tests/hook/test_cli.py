@@ -5,11 +5,13 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from runtime_hook.hook_log import HookLog
 from runtime_hook.ledger import Entry, commit
 from runtime_hook.node_state import StateDir
 from tests.hook.bundles import HOOK_SCRIPT, PYTHON, REPO, HookSetup, limits_annotation
@@ -159,3 +161,10 @@ def test_console_script_points_at_the_same_entry() -> None:
     setup.read(REPO / "setup.cfg")
     scripts = setup["options.entry_points"]["console_scripts"]
     assert "vcuda-hook = runtime_hook.oci_hook:main" in scripts.splitlines()
+
+
+def test_log_lines_of_a_fresh_node_are_kept(tmp_path: Path) -> None:
+    log = tmp_path / "fresh" / "state" / "hook.log"
+    HookLog(str(log), "info", "prestart").warning("no GPU inventory")
+    assert log.read_text().endswith("WARNING prestart: no GPU inventory\n")
+    assert stat.S_IMODE(log.parent.stat().st_mode) == 0o755
