@@ -12,8 +12,11 @@
 #error "libvcuda.so needs cuda.h from CUDA 12.5 or newer (cuCtxCreate_v4)"
 #endif
 
-/* cuda.h maps the plain name to _v2; the shim also exports the original. */
+/* cuda.h maps these plain names to _v2; the driver still exports the
+ * originals, and the CUDA runtime asks for some of them. */
 #undef cuGetProcAddress
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 typedef int nvmlReturn_t;
 enum { NVML_SUCCESS = 0, NVML_ERROR_NO_PERMISSION = 4, NVML_ERROR_FUNCTION_NOT_FOUND = 13 };

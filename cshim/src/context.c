@@ -266,11 +266,28 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return end(&op, r, r == CUDA_SUCCESS ? *pctx : NULL);
 }
 
+/* The CUDA runtime still asks for the original release and reset (version 7.0). */
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    CUresult r = vc_real_cuDevicePrimaryCtxRelease(dev);
+    if (r == CUDA_SUCCESS)
+        primary_released(dev);
+    return r;
+}
+
 CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
     CUresult r = vc_real_cuDevicePrimaryCtxRelease_v2(dev);
     if (r == CUDA_SUCCESS)
         primary_released(dev);
+    return r;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    CUresult r = vc_real_cuDevicePrimaryCtxReset(dev);
+    if (r == CUDA_SUCCESS)
+        primary_reset(dev);
     return r;
 }
 

@@ -26,7 +26,9 @@
     CU(cuDeviceTotalMem_v2, (size_t *bytes, CUdevice dev), (bytes, dev))                            \
     CU(cuMemGetInfo_v2, (size_t *free, size_t *total), (free, total))                               \
     CU(cuDevicePrimaryCtxRetain, (CUcontext *pctx, CUdevice dev), (pctx, dev))                      \
+    CU(cuDevicePrimaryCtxRelease, (CUdevice dev), (dev))                                            \
     CU(cuDevicePrimaryCtxRelease_v2, (CUdevice dev), (dev))                                         \
+    CU(cuDevicePrimaryCtxReset, (CUdevice dev), (dev))                                              \
     CU(cuDevicePrimaryCtxReset_v2, (CUdevice dev), (dev))                                           \
     CU(cuCtxCreate_v2, (CUcontext *pctx, unsigned int flags, CUdevice dev), (pctx, flags, dev))     \
     CU(cuCtxCreate_v3,                                                                              \

@@ -20,9 +20,13 @@
 /* The original (v1) names are exported too, as the real driver does. */
 #undef cuGetProcAddress
 #undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 #undef cuDeviceGetUuid
+#undef cuMemGetInfo
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
 #define PER_THREAD(name) CUresult name##_ptsz
 PER_THREAD(cuMemAllocAsync)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
@@ -307,6 +311,8 @@ CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
     return CUDA_SUCCESS;
 }
 
+CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }
+
 static CUresult create_context(CUcontext *pctx, CUdevice dev)
 {
     CUresult r = check_device(pctx != NULL, dev);
@@ -412,6 +418,18 @@ CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     *total = fake_state()->total[dev];
     *free = *total - fake_used(dev);
     return CUDA_SUCCESS;
+}
+
+/* The original of CUDA 2.0, with 32-bit sizes. */
+CUresult cuMemGetInfo(unsigned int *free, unsigned int *total)
+{
+    size_t f, t;
+    CUresult r = free && total ? cuMemGetInfo_v2(&f, &t) : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        *free = f > UINT32_MAX ? UINT32_MAX : (unsigned int)f;
+        *total = t > UINT32_MAX ? UINT32_MAX : (unsigned int)t;
+    }
+    return r;
 }
 
 /* ---- allocations ---- */
@@ -904,6 +922,7 @@ static const struct entry entries[] = {
     E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     E("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
     E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    E("cuDevicePrimaryCtxReset", 7000, cuDevicePrimaryCtxReset),
     E("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
     E("cuCtxCreate", 3020, cuCtxCreate_v2),
     E("cuCtxCreate", 11040, cuCtxCreate_v3),
@@ -913,6 +932,7 @@ static const struct entry entries[] = {
     E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     E("cuCtxGetDevice", 2000, cuCtxGetDevice),
     E("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    E("cuMemGetInfo", 2000, cuMemGetInfo),
     E("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     E("cuMemAlloc", 3020, cuMemAlloc_v2),
     E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),

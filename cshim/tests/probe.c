@@ -12,6 +12,7 @@
  *   alloc BYTES | managed BYTES | pitch WIDTH HEIGHT | array W H | array3d W H D
  *   mipmap W H LEVELS | vmm BYTES DEV | granularity | async BYTES | pool BYTES | hostpool BYTES
  *   freeasync N | sync | trim BYTES | pooldestroy | free N | fill BYTES
+ *   fillwith COMMAND...  (repeats an allocation command until it fails)
  *   info | total DEV | nvml | wait | sleep MS | fork CMD;CMD... | hammer BYTES
  *   resolve | wrapped
  * N is the number an allocation or context command printed. Sizes take a
@@ -257,8 +258,12 @@ static CUresult free_object(int n)
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* The result of the last allocation command, for fillwith. */
+static CUresult last_result;
+
 static void report(const char *command, CUresult r, enum kind kind, uint64_t handle)
 {
+    last_result = r;
     if (r == CUDA_SUCCESS)
         out("%s %s %d\n", command, name(r), keep(kind, handle));
     else
@@ -283,8 +288,8 @@ static void resolve_all(void)
 {
     static const char *const extra[] = {"cuLaunchKernel", "cuMemFreeAsync", "cuStreamSynchronize",
                                         "cuCtxGetDevice"};
-    static const int versions[] = {3020, 4000, 7000, 10020, 11000, 11020, 11040, 12000, 12050,
-                                   CUDA_VERSION};
+    static const int versions[] = {2000, 3020, 4000, 7000, 10020, 11000, 11020, 11040, 12000,
+                                   12050, CUDA_VERSION};
     static const cuuint64_t flavours[] = {CU_GET_PROC_ADDRESS_DEFAULT,
                                           CU_GET_PROC_ADDRESS_LEGACY_STREAM,
                                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
@@ -409,6 +414,7 @@ static int step(char **cmd, int left)
     if (!strcmp(c, "pitch")) {
         size_t pitch = 0;
         r = api.MemAllocPitch(&p, &pitch, size_arg(a1), size_arg(a2), 4);
+        last_result = r;
         if (r == CUDA_SUCCESS)
             out("pitch %s %zu %d\n", name(r), pitch, keep(POINTER, p));
         else
@@ -490,6 +496,19 @@ static int step(char **cmd, int left)
         }
         out("fill %zu %s\n", count, name(r));
         return 2;
+    }
+    if (!strcmp(c, "fillwith")) {
+        /* Repeats the allocation command that follows until it fails. */
+        size_t count = 0;
+        int used = 1;
+        const char *saved = prefix;
+        prefix = "# ";
+        do {
+            used = step(cmd + 1, left - 1);
+        } while (last_result == CUDA_SUCCESS && ++count < 100000);
+        prefix = saved;
+        out("fillwith %zu %s\n", count, name(last_result));
+        return 1 + used;
     }
     if (!strcmp(c, "info")) {
         size_t free = 0, total = 0;

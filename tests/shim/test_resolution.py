@@ -38,17 +38,23 @@ def test_cuGetProcAddress_hands_out_the_wrapper_of_exactly_the_version_the_drive
     assert ["CUDA_ERROR_NOT_FOUND", "-", "-"] in shimmed.values()
 
 
-def test_an_old_version_gets_the_drivers_own_unwrapped_entry_point(gpu: FakeGpu) -> None:
+def test_each_version_gets_its_own_wrapper_and_a_version_not_wrapped_the_driver_itself(
+    gpu: FakeGpu,
+) -> None:
     gpu.limit(1 << 30)
-    release = resolutions(gpu, shim=True)
-    assert release[("cuDevicePrimaryCtxRelease", "10020", "0")][1:] == [
-        "libcuda.so.1",
+    resolved = resolutions(gpu, shim=True)
+    # The CUDA runtime asks for the original release at 7.0, newer code for _v2.
+    assert resolved[("cuDevicePrimaryCtxRelease", "7000", "0")][1:] == [
+        "libvcuda.so",
         "cuDevicePrimaryCtxRelease",
     ]
-    assert release[("cuDevicePrimaryCtxRelease", "11000", "0")][1:] == [
+    assert resolved[("cuDevicePrimaryCtxRelease", "11000", "0")][1:] == [
         "libvcuda.so",
         "cuDevicePrimaryCtxRelease_v2",
     ]
+    # Before 3.2, 32-bit sizes: not wrapped, handed out as the driver gives it.
+    assert resolved[("cuMemGetInfo", "2000", "0")][1:] == ["libcuda.so.1", "cuMemGetInfo"]
+    assert resolved[("cuMemGetInfo", "3020", "0")][1:] == ["libvcuda.so", "cuMemGetInfo_v2"]
 
 
 def test_kernel_launches_are_not_wrapped_in_any_flavour(gpu: FakeGpu) -> None:

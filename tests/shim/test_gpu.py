@@ -1,0 +1,276 @@
+"""libvcuda.so on a real GPU, with a 4 GiB limit: frameworks, plain CUDA, nvidia-smi, sharing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.shim.harness import BUILD, CSHIM, GIB, MIB, REPO, TESTS
+
+pytestmark = pytest.mark.gpu
+
+LIMIT = 4 * GIB
+BLOCK = 256 * MIB
+
+TORCH_FILL = """
+import sys, torch
+free, total = torch.cuda.mem_get_info()
+print("info", free, total, flush=True)
+held, error = [], "none"
+try:
+    while len(held) < 64:
+        held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+except Exception as exc:
+    error = type(exc).__name__
+print("filled", len(held), error, flush=True)
+sys.stdin.readline()
+"""
+
+CUPY_FILL = """
+import sys, cupy
+free, total = cupy.cuda.runtime.memGetInfo()
+print("info", free, total, flush=True)
+held, error = [], "none"
+try:
+    while len(held) < 64:
+        held.append(cupy.empty(256 << 20, dtype=cupy.uint8))
+except Exception as exc:
+    error = type(exc).__name__
+print("filled", len(held), error, flush=True)
+sys.stdin.readline()
+"""
+
+JAX_COMPUTE = """
+import sys, jax, jax.numpy as jnp, numpy as np
+a = np.random.default_rng(0).random((1024, 1024), dtype=np.float32)
+product = np.asarray(jnp.dot(a, a, precision=jax.lax.Precision.HIGHEST))
+stats = jax.devices()[0].memory_stats()
+print("jax", stats["bytes_limit"], bool(np.allclose(product, a @ a, rtol=1e-4)), flush=True)
+sys.stdin.readline()
+"""
+
+TORCH_HOLD = """
+import sys, torch
+size = int(sys.argv[1])
+while True:
+    try:
+        block = torch.empty(size, dtype=torch.uint8, device="cuda")
+        print("allocated", flush=True)
+    except torch.OutOfMemoryError:
+        print("out-of-memory", flush=True)
+    if not sys.stdin.readline():
+        break
+"""
+
+
+@pytest.fixture(scope="module")
+def programs() -> Path:
+    """libvcuda.so, the probe, and the nvcc-built programs of this machine."""
+    subprocess.run(["make", "-s", "-C", str(CSHIM), "gpu"], check=True)
+    return BUILD
+
+
+def vcuda_run(*command: str, account: Path | None = None) -> list[str]:
+    """The vcuda-run command line for command with the 4 GiB limit."""
+    shared = ["--account", str(account)] if account else []
+    return [sys.executable, "-m", "runtime_hook.run", "--memory", "4Gi", *shared, "--", *command]
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """This machine's environment (its real driver), with the shim's log on."""
+    return dict(os.environ, PYTHONPATH=str(REPO), VCUDA_LOG_LEVEL="info", **extra)
+
+
+@contextmanager
+def started(command: list[str], **env: str) -> Iterator[subprocess.Popen[str]]:
+    process = subprocess.Popen(
+        command,
+        env=environment(**env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield process
+    finally:
+        process.kill()
+        _, err = process.communicate(timeout=60)
+        print(f"--- stderr of {command[-1][:40]!r}:\n{err[-3000:]}")
+
+
+def line(process: subprocess.Popen[str]) -> list[str]:
+    """The next line the program prints (the probe's "# " lines of a fillwith skipped)."""
+    assert process.stdout is not None
+    text = "#"
+    while text.startswith("#"):
+        text = process.stdout.readline()
+        assert text, "the program ended early"
+    return text.split()
+
+
+def process_memory(pid: int) -> int:
+    """The GPU memory the driver says process pid holds, by NVML (outside the shim)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == pid:
+                return int(process.usedGpuMemory)
+    finally:
+        pynvml.nvmlShutdown()
+    raise AssertionError(f"NVML lists no process {pid}")
+
+
+def check_fill(process: subprocess.Popen[str]) -> None:
+    """A fill reports the limit, ends in out-of-memory within [3.25, 4] GiB, holds <= 4 GiB."""
+    info, filled = line(process), line(process)
+    held = process_memory(process.pid)
+    print(f"{info} {filled} driver-held={held}")
+    assert info[0] == "info" and int(info[2]) == LIMIT
+    assert filled[0] == "filled" and filled[2] == "OutOfMemoryError"
+    assert 3.25 * GIB <= int(filled[1]) * BLOCK <= LIMIT
+    assert held <= LIMIT
+
+
+@pytest.mark.parametrize(
+    "allocator", ["", "expandable_segments:True", "backend:cudaMallocAsync"], ids=["default",
+    "expandable", "async"]
+)
+def test_pytorch_sees_4_gib_and_runs_out_of_memory_within_it(
+    programs: Path, allocator: str
+) -> None:
+    with started(vcuda_run(sys.executable, "-c", TORCH_FILL),
+                 PYTORCH_CUDA_ALLOC_CONF=allocator) as process:
+        check_fill(process)
+
+
+def test_cupy_sees_4_gib_and_runs_out_of_memory_within_it(programs: Path) -> None:
+    with started(vcuda_run(sys.executable, "-c", CUPY_FILL)) as process:
+        check_fill(process)
+
+
+def test_jax_preallocates_its_fraction_of_4_gib_and_computes_correctly(programs: Path) -> None:
+    with started(vcuda_run(sys.executable, "-c", JAX_COMPUTE)) as process:
+        result = line(process)
+        held = process_memory(process.pid)
+        print(f"{result} driver-held={held}")
+        assert result[0] == "jax" and result[2] == "True"
+        assert 0.6 * LIMIT <= int(result[1]) <= 0.75 * LIMIT
+        assert held <= LIMIT
+
+
+def test_a_plain_cuda_program_with_static_cudart_gets_the_same_limit(programs: Path) -> None:
+    result = subprocess.run(
+        vcuda_run(str(BUILD / "gpu" / "cuda_fill")),
+        env=environment(), capture_output=True, text=True, timeout=120, check=True,
+    )
+    print(result.stdout, result.stderr)
+    info, filled = (text.split() for text in result.stdout.splitlines())
+    assert info[:2] == ["info", "cudaSuccess"] and int(info[3]) == LIMIT
+    assert filled[2] == "cudaErrorMemoryAllocation"
+    assert 3.25 * GIB <= int(filled[1]) * BLOCK <= LIMIT
+
+
+def test_nvidia_smi_shows_4096_mib_total(programs: Path) -> None:
+    query = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    result = subprocess.run(vcuda_run(*query), env=environment(), capture_output=True,
+                            text=True, timeout=120, check=True)
+    table = subprocess.run(vcuda_run("nvidia-smi"), env=environment(), capture_output=True,
+                           text=True, timeout=120, check=True)
+    print(result.stdout, table.stdout)
+    assert result.stdout.split() == ["4096"]
+    assert "4096MiB" in table.stdout
+
+
+def test_two_processes_share_one_account_and_a_killed_one_stops_counting(
+    programs: Path, tmp_path: Path
+) -> None:
+    account = tmp_path / "account"
+    first_command = vcuda_run(sys.executable, "-c", TORCH_HOLD, str(3 * GIB), account=account)
+    with started(first_command) as first:
+        assert line(first) == ["allocated"]
+        with started(vcuda_run(sys.executable, "-c", TORCH_HOLD, str(3 * GIB),
+                               account=account)) as second:
+            assert line(second) == ["out-of-memory"]
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            assert second.stdin is not None
+            second.stdin.write("\n")
+            second.stdin.flush()
+            assert line(second) == ["allocated"]
+
+
+def probe(*words: str, mode: str = "link") -> list[str]:
+    """The probe under the 4 GiB limit on the real driver."""
+    return vcuda_run(str(TESTS / "probe"), mode, *words)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        ("alloc", "512M"),
+        ("managed", "512M"),
+        ("pitch", "65536", "8192"),
+        ("array", "16384", "8192"),
+        ("array3d", "1024", "1024", "128"),
+        ("mipmap", "8192", "8192", "2"),
+        ("vmm", "512M", "0"),
+        ("async", "512M"),
+        ("pool", "512M"),
+    ],
+    ids=lambda path: path[0],
+)
+@pytest.mark.parametrize("mode", ["link", "getproc"])
+def test_every_allocation_path_stops_at_the_limit_on_the_real_driver(
+    programs: Path, path: tuple[str, ...], mode: str
+) -> None:
+    words = probe("init", "ctx", "0", "fillwith", *path, "info", "wait", mode=mode)
+    with started(words) as process:
+        lines = [line(process) for _ in range(5)]
+        held = process_memory(process.pid)
+    print(lines, f"driver-held={held}")
+    assert lines[4] == ["waiting"]
+    filled, info = lines[2], lines[3]
+    assert filled[0] == "fillwith" and filled[2] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert int(filled[1]) >= 4, "the path was not usable up to the limit"
+    assert info[1] == "CUDA_SUCCESS" and int(info[3]) == LIMIT
+    # Charged up to the limit: what is left is less than one more block.
+    assert int(info[2]) < 512 * MIB
+    assert held <= LIMIT
+
+
+@pytest.mark.parametrize("mode", ["getproc", "link"])
+def test_the_real_drivers_entry_points_map_to_wrappers_version_for_version(
+    programs: Path, tmp_path: Path, mode: str
+) -> None:
+    def resolved(shim: bool) -> dict[tuple[str, ...], list[str]]:
+        command = probe("resolve", mode=mode) if shim else [str(TESTS / "probe"), mode, "resolve"]
+        out = subprocess.run(command, env=environment(), capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+        return {tuple(w[1:4]): w[4:] for w in (text.split() for text in out.splitlines())}
+
+    wrapped = {
+        text.split()[1]
+        for text in subprocess.run([str(TESTS / "probe"), "link", "wrapped"], capture_output=True,
+                                   text=True, check=True).stdout.splitlines()
+    }
+    driver, shimmed = resolved(False), resolved(True)
+    mismatches = []
+    for key, (result, library, symbol) in driver.items():
+        expected = [result, "libvcuda.so" if symbol in wrapped else library, symbol]
+        if shimmed.get(key) != expected:
+            mismatches.append((key, driver[key], shimmed.get(key)))
+    print(f"{len(driver)} answers compared; mismatches: {mismatches[:20]}")
+    assert not mismatches
+    # The driver's answers are its exported entry points, so the map above could apply.
+    assert shimmed[("cuMemAlloc", "3020", "0")][1:] == ["libvcuda.so", "cuMemAlloc_v2"]
