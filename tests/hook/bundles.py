@@ -4,31 +4,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime_hook.busybox_root import make_busybox_root
+
 REPO = Path(__file__).resolve().parents[2]
 HOOK_SCRIPT = REPO / "runtime_hook" / "oci_hook.py"
 # The hook runs on nodes with the system Python and nothing installed: use that Python here too.
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-BUSYBOX = shutil.which("busybox") or "/usr/bin/busybox"
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 APPLETS = ("sh", "cat", "ls", "echo", "touch", "sleep", "true", "stat", "awk", "sha256sum")
 
 
 def make_rootfs(path: Path) -> Path:
     """Create a minimal root at ``path``: busybox-static and the applets the tests call."""
-    (path / "bin").mkdir(parents=True)
-    shutil.copy2(BUSYBOX, path / "bin" / "busybox")
-    for applet in APPLETS:
-        (path / "bin" / applet).symlink_to("busybox")
-    for name in ("etc", "tmp", "proc", "sys", "dev"):
-        (path / name).mkdir(exist_ok=True)
-    return path
+    return make_busybox_root(path, APPLETS)
 
 
 def runc_spec(scratch: Path) -> dict:
