@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from webhook.config import Config
 from webhook.policy import Decision, decide
 from webhook.review import BadReview, ReviewRequest, parse_review, render_response
 
+OUTCOMES = ("allowed", "patched", "denied", "invalid")
 
-@dataclass(frozen=True)
-class Answer:
-    """The HTTP answer to one body, with what was decided for the log.
 
-    ``request`` and ``decision`` are None exactly when the body was refused
-    with a 400, and then ``error`` says why.
+class Answer(msgspec.Struct, frozen=True):
+    """The HTTP answer to one body, and what was decided, for metrics and the log.
+
+    Attributes:
+        status: 200, or 400 for a body with no review to answer.
+        body: the AdmissionReview response, or the 400's message.
+        outcome: one of OUTCOMES; "allowed" means allowed without a patch.
+        reason: the denial's message, the patched paths, or why the body was refused.
+        warnings: the warnings returned to the user.
+        request: the parsed request; None for a 400.
     """
 
     status: int
     body: bytes
+    outcome: str
+    reason: str
+    warnings: tuple[str, ...] = ()
     request: ReviewRequest | None = None
-    decision: Decision | None = None
-    error: str = ""
 
 
 def admit(body: bytes, config: Config) -> Answer:
@@ -37,9 +44,16 @@ def admit(body: bytes, config: Config) -> Answer:
         decision = Decision.deny(f"the pod is malformed: {request.malformed}")
     else:
         decision = decide(request.pod, request.operation, request.old_pod, config)
-    return Answer(200, render_response(request.uid, decision), request, decision)
+    if not decision.allowed:
+        outcome, reason = "denied", decision.message
+    elif decision.patch:
+        outcome, reason = "patched", "patched " + ", ".join([op["path"] for op in decision.patch])
+    else:
+        outcome, reason = "allowed", "nothing to change"
+    return Answer(200, render_response(request.uid, decision), outcome, reason,
+                  decision.warnings, request)
 
 
 def refuse(message: str) -> Answer:
     """A 400 answer whose body is ``message``."""
-    return Answer(400, f"bad AdmissionReview: {message}\n".encode(), error=message)
+    return Answer(400, f"bad AdmissionReview: {message}\n".encode(), "invalid", message)

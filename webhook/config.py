@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from webhook.patch import escape
 from webhook.quantity import QuantityError, parse_whole_quantity
 
 MEMORY_UNIT = 256 << 20  # bytes in one vcuda-memory unit
@@ -66,6 +67,16 @@ class Config:
     def vcuda_keys(self) -> tuple[tuple[str, str, str], ...]:
         """(domain, core resource, memory resource) for each domain."""
         return tuple((d, f"{d}/vcuda-core", f"{d}/vcuda-memory") for d in self.domains)
+
+    @cached_property
+    def escaped_resources(self) -> dict[str, str]:
+        """The device-plugin resource names as JSON Pointer tokens."""
+        return {name: escape(name) for name in (self.shared_resource, self.exclusive_resource)}
+
+    @cached_property
+    def watched_resources(self) -> frozenset[str]:
+        """Every resource name that makes a container worth a closer look."""
+        return frozenset(k for keys in self.vcuda_keys for k in keys[1:]) | {self.shared_resource}
 
 
 _TYPES: dict[str, tuple[type, str]] = {

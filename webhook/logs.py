@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
+import threading
 import time
+import weakref
 from typing import Any, BinaryIO
 
 import msgspec
@@ -12,35 +16,83 @@ import structlog
 _ENCODER = msgspec.json.Encoder()
 
 
-class _Timestamper:
-    """Adds ``timestamp`` in ISO 8601 UTC with milliseconds; formats each second once."""
+class LineWriter:
+    """Where structlog's rendered lines go: a binary stream, one line per event.
+
+    Inside a running event loop, lines are gathered and written together at
+    most ``delay`` seconds later (a review costs no system call of its own);
+    elsewhere, and for warnings and errors, each line is written at once.
+    """
+
+    def __init__(self, stream: BinaryIO, delay: float = 0.1) -> None:
+        self._stream = stream
+        self._delay = delay
+        self._pending: list[bytes] = []
+        self._lock = threading.Lock()
+        _WRITERS.add(self)
+
+    def info(self, line: bytes) -> None:
+        """Write ``line`` (no newline) within ``delay`` seconds."""
+        with self._lock:
+            self._pending.append(line)
+            if len(self._pending) > 1:
+                return  # a flush is already due
+        try:
+            asyncio.get_running_loop().call_later(self._delay, self.flush)
+        except RuntimeError:
+            self.flush()
+
+    def msg(self, line: bytes) -> None:
+        """Write ``line`` (no newline) now, after any lines still pending."""
+        with self._lock:
+            self._pending.append(line)
+        self.flush()
+
+    debug = info
+    warning = warn = error = critical = exception = fatal = log = msg
+
+    def flush(self) -> None:
+        """Write the lines not written yet."""
+        with self._lock:
+            lines, self._pending = self._pending, []
+            if lines and not self._stream.closed:
+                lines.append(b"")
+                self._stream.write(b"\n".join(lines))
+                self._stream.flush()
+
+
+_WRITERS: weakref.WeakSet[LineWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Lines still waiting for their flush when the event loop stopped go out at exit."""
+    for writer in list(_WRITERS):
+        writer.flush()
+
+
+class _Render:
+    """The one processor: adds level and an ISO 8601 UTC timestamp, then encodes JSON."""
 
     def __init__(self) -> None:
         self._second = -1
         self._prefix = ""
 
-    def __call__(self, _: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, _: Any, method: str, event: dict[str, Any]) -> bytes:
         now = time.time()
         second = int(now)
-        if second != self._second:
+        if second != self._second:  # format the date and time once a second
             self._second = second
             self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        event["level"] = "warning" if method == "warn" else method
         event["timestamp"] = f"{self._prefix}.{int((now - second) * 1000):03d}Z"
-        return event
-
-
-def _render(_: Any, __: str, event: dict[str, Any]) -> bytes:
-    return _ENCODER.encode(event)
+        return _ENCODER.encode(event)
 
 
 def make_logger(stream: BinaryIO) -> Any:
     """Return a structlog logger that writes JSON lines (INFO and above) to ``stream``."""
     return structlog.wrap_logger(
-        structlog.BytesLogger(stream),
-        processors=[
-            structlog.processors.add_log_level,
-            _Timestamper(),
-            _render,
-        ],
+        LineWriter(stream),
+        processors=[_Render()],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
     ).bind()  # the bound logger itself, not a proxy that builds it on each call

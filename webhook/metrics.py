@@ -2,50 +2,64 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
-from webhook.admission import Answer
+from webhook.admission import OUTCOMES
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-DECISIONS = ("allowed", "patched", "denied", "invalid")
-_LATENCY_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-
-
-def decision_label(answer: Answer) -> str:
-    """The decision an answer counts under: allowed (unchanged), patched, denied or invalid."""
-    decision = answer.decision
-    if decision is None:
-        return "invalid"
-    if not decision.allowed:
-        return "denied"
-    return "patched" if decision.patch else "allowed"
+_LATENCY_BOUNDS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class Metrics:
-    """The webhook's metrics in a registry of their own."""
+    """The webhook's metrics, kept as plain numbers and turned into metric families at scrape.
+
+    A review only adds to a few numbers (no locks: the server counts from its
+    event loop alone), which keeps metrics off the cost of each review.
+    """
 
     def __init__(self, certificate_seconds_left: Callable[[], float]) -> None:
         """Args: certificate_seconds_left: read at each scrape for the expiry gauge."""
+        self._reviews = dict.fromkeys(OUTCOMES, 0)
+        self._buckets = [0] * (len(_LATENCY_BOUNDS) + 1)  # the last one is +Inf
+        self._seconds = 0.0
+        self._certificate_seconds_left = certificate_seconds_left
         self.registry = CollectorRegistry(auto_describe=True)
-        reviews = Counter("vcuda_webhook_reviews", "AdmissionReviews answered, by decision",
-                          ["decision"], registry=self.registry)
-        # Children bound once: labels() per request would cost a lookup each time.
-        self._reviews = {d: reviews.labels(d) for d in DECISIONS}
-        self._latency = Histogram("vcuda_webhook_review_seconds",
-                                  "Time from request to answer of /mutate",
-                                  buckets=_LATENCY_BUCKETS, registry=self.registry)
-        expiry = Gauge("vcuda_webhook_certificate_expiry_seconds",
-                       "Seconds until the serving certificate expires",
-                       registry=self.registry)
-        expiry.set_function(certificate_seconds_left)
+        self.registry.register(self)
 
-    def observe(self, decision: str, seconds: float) -> None:
-        """Count one review under ``decision`` and record how long it took."""
-        self._reviews[decision].inc()
-        self._latency.observe(seconds)
+    def observe(self, outcome: str, seconds: float) -> None:
+        """Count one review under ``outcome`` (see OUTCOMES) and record how long it took."""
+        self._reviews[outcome] += 1
+        self._buckets[bisect_left(_LATENCY_BOUNDS, seconds)] += 1
+        self._seconds += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families, for the registry."""
+        reviews = CounterMetricFamily("vcuda_webhook_reviews",
+                                      "AdmissionReviews answered, by decision",
+                                      labels=["decision"])
+        for decision, count in self._reviews.items():
+            reviews.add_metric([decision], count)
+        yield reviews
+        cumulative, buckets = 0, []
+        for bound, count in zip((*map(str, _LATENCY_BOUNDS), "+Inf"), self._buckets):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        yield HistogramMetricFamily("vcuda_webhook_review_seconds",
+                                    "Time from request to answer of /mutate",
+                                    buckets=buckets, sum_value=self._seconds)
+        yield GaugeMetricFamily("vcuda_webhook_certificate_expiry_seconds",
+                                "Seconds until the serving certificate expires",
+                                value=self._certificate_seconds_left())
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

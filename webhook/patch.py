@@ -26,21 +26,19 @@ class PatchBuilder:
         """Add ``value`` at ``path``, where nothing is yet (e.g. a whole new object)."""
         self.operations.append({"op": "add", "path": path, "value": value})
 
-    def put(self, parent_path: str, key: str, current: Any, wanted: Any) -> None:
-        """Make member ``key`` of the object at ``parent_path`` equal ``wanted``.
+    def put(self, path: str, current: Any, wanted: Any) -> None:
+        """Make the member at ``path``, in an object that exists, equal ``wanted``.
 
         Args:
-            parent_path: JSON Pointer of an object that exists.
-            key: the member's name, unescaped.
+            path: the member's JSON Pointer.
             current: the member's value now; None when there is none.
             wanted: the value it must have.
         """
         if current is None:
-            self.add(f"{parent_path}/{escape(key)}", wanted)
+            self.add(path, wanted)
         elif current != wanted:
-            self.operations.append({"op": "replace", "path": f"{parent_path}/{escape(key)}",
-                                    "value": wanted})
+            self.operations.append({"op": "replace", "path": path, "value": wanted})
 
-    def remove(self, parent_path: str, key: str) -> None:
-        """Remove member ``key``, which exists, of the object at ``parent_path``."""
-        self.operations.append({"op": "remove", "path": f"{parent_path}/{escape(key)}"})
+    def remove(self, path: str) -> None:
+        """Remove the member at ``path``, which exists."""
+        self.operations.append({"op": "remove", "path": path})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Optional
 
 import msgspec
@@ -13,12 +12,14 @@ from webhook.pod import Container, ObjectMeta, Pod, Quantity
 from webhook.quantity import QuantityError, parse_whole_quantity
 
 LIMITS_ANNOTATION = "vcuda.io/limits"
+_ANNOTATIONS_PATH = "/metadata/annotations"
+_LIMITS_ANNOTATION_PATH = f"{_ANNOTATIONS_PATH}/{escape(LIMITS_ANNOTATION)}"
+_RUNTIME_CLASS_PATH = "/spec/runtimeClassName"
 _ESCALATING_CAPABILITIES = frozenset({"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"})
 _Values = Optional[dict[str, Quantity]]
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     """What the webhook answers: allowed or not, why, warnings, and the patch."""
 
     allowed: bool
@@ -58,35 +59,41 @@ def decide(pod: Pod | None, operation: str, old_pod: Pod | None, config: Config)
     return Decision.deny(f"unknown operation {operation!r}; expected CREATE or UPDATE")
 
 
-@dataclass
 class _Findings:
     """What the review of one pod's containers found, gathered before deciding."""
 
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    limits: dict[str, dict[str, int]] = field(default_factory=dict)
-    patch: PatchBuilder = field(default_factory=PatchBuilder)
+    __slots__ = ("limits", "patch", "problems", "warnings")
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.warnings: list[str] = []
+        self.limits: dict[str, dict[str, int]] = {}
+        self.patch = PatchBuilder()
 
 
-@dataclass(frozen=True)
-class _Mode:
-    """How one container uses GPUs: the device-plugin resource it gets, and its limits."""
-
-    backend: str
-    count: int
-    conflicting: str
-    limits: dict[str, int] | None  # None for whole GPUs
+# How one container uses GPUs: the device-plugin resource it gets, how many, and its
+# entry of the limits annotation (None for whole GPUs).
+_Mode = tuple[str, int, Optional[dict[str, int]]]
 
 
 def _review_create(pod: Pod, config: Config) -> Decision:
-    findings = _Findings()
     spec = pod.spec
+    watched = config.watched_resources
+    findings = _Findings()
     for list_name, label, containers in (("initContainers", "init container",
                                           spec.init_containers),
                                          ("containers", "container", spec.containers)):
         for index, container in enumerate(containers or ()):
-            _review_container(container, f"/spec/{list_name}/{index}/resources/", label,
-                              config, findings)
+            resources = container.resources
+            if resources is None:
+                continue
+            limits, requests = resources.limits, resources.requests
+            # Most containers name no resource vcuda cares about: skip them at C speed.
+            if (limits and not watched.isdisjoint(limits)) or \
+                    (requests and not watched.isdisjoint(requests)):
+                _review_container(container, limits, requests,
+                                  f"/spec/{list_name}/{index}/resources/", label, config,
+                                  findings)
     if findings.problems:
         return Decision.deny("; ".join(findings.problems))
     _write_pod_fields(pod, config, findings)
@@ -108,41 +115,39 @@ def _review_update(pod: Pod, old_pod: Pod) -> Decision:
         "create a new pod with other vcuda-core and vcuda-memory limits")
 
 
-def _review_container(container: Container, resources_path: str, label: str, config: Config,
+def _review_container(container: Container, limits: _Values, requests: _Values,
+                      resources_path: str, label: str, config: Config,
                       findings: _Findings) -> None:
     """Check one container; record its limits and the patch of its resources."""
-    resources = container.resources
-    if resources is None or not (resources.limits or resources.requests):
-        return
-    limits, requests = resources.limits, resources.requests
+    problems = findings.problems
     who = f'{label} "{container.name}"'
-    keys = _vcuda_keys(limits, requests, config, who, findings.problems)
+    keys = _vcuda_keys(limits, requests, config, who, problems)
     if keys is None:
         return
     if not container.name:
-        findings.problems.append(f"a {label} without a name asks for {keys[0]}; name it")
+        problems.append(f"a {label} without a name asks for {keys[0]}; name it")
         return
-    core_key = keys[0]
-    count_before = len(findings.problems)
-    _check_requests_match_limits(limits, requests, keys, who, findings.problems)
+    count_before = len(problems)
+    if requests:
+        _check_requests_match_limits(limits, requests, keys, who, problems)
     mode = _mode(container, limits, keys, who, config, findings)
     if mode is None:
         return
-    for kind, values in (("limits", limits), ("requests", requests)):
-        _check_backend(values, kind, mode, who, core_key, findings.problems)
-    if len(findings.problems) > count_before:
+    backend, count, shares = mode
+    _check_backend(limits, requests, backend, count, who, keys[0], config, problems)
+    if len(problems) > count_before:
         return
-    count = str(mode.count)
     # A backend resource already present agrees (checked above), so only add.
-    if mode.backend not in limits:
-        findings.patch.add(resources_path + "limits/" + escape(mode.backend), count)
-    if requests and core_key in requests and mode.backend not in requests:
-        findings.patch.add(resources_path + "requests/" + escape(mode.backend), count)
-    if mode.limits is not None:
+    token = config.escaped_resources[backend]
+    if backend not in limits:
+        findings.patch.add(f"{resources_path}limits/{token}", str(count))
+    if requests and keys[0] in requests and backend not in requests:
+        findings.patch.add(f"{resources_path}requests/{token}", str(count))
+    if shares is not None:
         if container.name in findings.limits:
-            findings.problems.append(f'{who}: the name "{container.name}" is used by two '
-                                     "containers; give each container its own name")
-        findings.limits[container.name] = mode.limits
+            problems.append(f'{who}: the name "{container.name}" is used by two containers; '
+                            "give each container its own name")
+        findings.limits[container.name] = shares
 
 
 def _vcuda_keys(limits: _Values, requests: _Values, config: Config, who: str,
@@ -168,10 +173,8 @@ def _vcuda_keys(limits: _Values, requests: _Values, config: Config, who: str,
     return None
 
 
-def _check_requests_match_limits(limits: _Values, requests: _Values, keys: tuple[str, str],
-                                 who: str, problems: list[str]) -> None:
-    if not requests:
-        return
+def _check_requests_match_limits(limits: _Values, requests: dict[str, Quantity],
+                                 keys: tuple[str, str], who: str, problems: list[str]) -> None:
     for key in keys:
         if key not in requests:
             continue
@@ -206,13 +209,12 @@ def _mode(container: Container, limits: _Values, keys: tuple[str, str], who: str
         memory = _shared_memory(limits, keys, cores, who, config, problems)
         if memory is None:
             return None
-        return _Mode(config.shared_resource, 1, config.exclusive_resource,
-                     {"cores": cores, "memory": memory})
+        return config.shared_resource, 1, {"cores": cores, "memory": memory}
     if cores >= 100 and cores % 100 == 0:
         if memory_key in limits:
             findings.warnings.append(f"{who}: {memory_key} is ignored with whole GPUs "
                                      f"({core_key}: {cores})")
-        return _Mode(config.exclusive_resource, cores // 100, config.shared_resource, None)
+        return config.exclusive_resource, cores // 100, None
     problems.append(f"{who}: {core_key}: {cores} is neither a share of one GPU (1..99) "
                     "nor whole GPUs (100, 200, ...); write one of those")
     return None
@@ -267,23 +269,25 @@ def _check_unprivileged(container: Container, who: str, core_key: str,
                     f"drop that from securityContext, or ask for whole GPUs ({core_key}: 100)")
 
 
-def _check_backend(values: _Values, kind: str, mode: _Mode, who: str, core_key: str,
-                   problems: list[str]) -> None:
+def _check_backend(limits: _Values, requests: _Values, backend: str, count: int, who: str,
+                   core_key: str, config: Config, problems: list[str]) -> None:
     """The device-plugin resources already present must agree with what vcuda writes."""
-    if not values:
-        return
-    backend, other = mode.backend, mode.conflicting
-    if other in values:
-        problems.append(f"{who}: {kind} has {other}, which does not go with {core_key}; "
-                        f"remove {other}: vcuda writes the device-plugin resource itself")
-    if backend in values:
-        try:
-            agrees = parse_whole_quantity(values[backend]) == mode.count
-        except QuantityError:
-            agrees = False
-        if not agrees:
-            problems.append(f"{who}: {kind} {backend}: {values[backend]} disagrees with "
-                            f"{core_key}; remove {backend}: vcuda writes it itself")
+    other = (config.exclusive_resource if backend == config.shared_resource
+             else config.shared_resource)
+    for kind, values in (("limits", limits), ("requests", requests)):
+        if not values:
+            continue
+        if other in values:
+            problems.append(f"{who}: {kind} has {other}, which does not go with {core_key}; "
+                            f"remove {other}: vcuda writes the device-plugin resource itself")
+        if backend in values:
+            try:
+                agrees = parse_whole_quantity(values[backend]) == count
+            except QuantityError:
+                agrees = False
+            if not agrees:
+                problems.append(f"{who}: {kind} {backend}: {values[backend]} disagrees with "
+                                f"{core_key}; remove {backend}: vcuda writes it itself")
 
 
 def _write_pod_fields(pod: Pod, config: Config, findings: _Findings) -> None:
@@ -293,19 +297,19 @@ def _write_pod_fields(pod: Pod, config: Config, findings: _Findings) -> None:
     patch = findings.patch
     if not findings.limits:
         if given is not None:
-            patch.remove("/metadata/annotations", LIMITS_ANNOTATION)
+            patch.remove(_LIMITS_ANNOTATION_PATH)
             findings.warnings.append(f"{LIMITS_ANNOTATION} was removed: only vcuda writes it, "
                                      "and no container shares a GPU")
         return
     value = msgspec.json.encode(findings.limits, order="sorted").decode()
     if annotations is None:
-        patch.add("/metadata/annotations", {LIMITS_ANNOTATION: value})
+        patch.add(_ANNOTATIONS_PATH, {LIMITS_ANNOTATION: value})
     else:
-        patch.put("/metadata/annotations", LIMITS_ANNOTATION, given, value)
+        patch.put(_LIMITS_ANNOTATION_PATH, given, value)
     if given is not None and given != value:
         findings.warnings.append(f"{LIMITS_ANNOTATION} was replaced: only vcuda writes it")
     runtime_class = pod.spec.runtime_class_name
-    patch.put("/spec", "runtimeClassName", runtime_class, config.runtime_class)
+    patch.put(_RUNTIME_CLASS_PATH, runtime_class, config.runtime_class)
     if runtime_class is not None and runtime_class != config.runtime_class:
         findings.warnings.append(f"runtimeClassName {runtime_class} was replaced by "
                                  f"{config.runtime_class}, which shared GPUs need")

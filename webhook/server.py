@@ -18,7 +18,7 @@ from aiohttp import web
 from webhook.admission import Answer, admit, refuse
 from webhook.config import Config, ConfigError, load_config
 from webhook.logs import make_logger
-from webhook.metrics import CONTENT_TYPE, Metrics, decision_label
+from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.pki import issue_serving_cert, make_ca
 from webhook.review import MAX_BODY, body_too_large
 from webhook.tls import CertificateError, CertificateReloader
@@ -43,12 +43,11 @@ class _Handlers:
             answer = refuse(body_too_large(request.content_length))
         else:
             answer = admit(body, self._config)
-        seconds = perf_counter() - started
-        decision = decision_label(answer)
-        self.metrics.observe(decision, seconds)
-        self._log_answer(answer, decision, seconds)
-        content_type = "application/json" if answer.status == 200 else "text/plain"
-        return web.Response(status=answer.status, body=answer.body, content_type=content_type)
+        self.metrics.observe(answer.outcome, perf_counter() - started)
+        self._log_answer(answer)
+        return web.Response(status=answer.status, body=answer.body,
+                            content_type="application/json" if answer.status == 200
+                            else "text/plain")
 
     async def healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -61,23 +60,17 @@ class _Handlers:
     async def metrics_text(self, _: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
-    def _log_answer(self, answer: Answer, decision: str, seconds: float) -> None:
+    def _log_answer(self, answer: Answer) -> None:
         request = answer.request
         if request is None:
-            self._log.warning("review", decision=decision, reason=answer.error)
+            self._log.warning("review", decision=answer.outcome, reason=answer.reason)
             return
-        verdict = answer.decision
-        assert verdict is not None  # set whenever request is
-        if not verdict.allowed:
-            reason = verdict.message
-        elif verdict.patch:
-            reason = "patched " + ", ".join(op["path"] for op in verdict.patch)
+        if answer.warnings or request.dry_run:
+            log = self._log.bind(warnings=answer.warnings, dry_run=request.dry_run)
         else:
-            reason = "nothing to change"
-        self._log.info("review", uid=request.uid, namespace=request.namespace,
-                       pod=request.name, operation=request.operation, decision=decision,
-                       reason=reason, warnings=verdict.warnings, dry_run=request.dry_run,
-                       ms=round(seconds * 1000, 3))
+            log = self._log
+        log.info("review", uid=request.uid, namespace=request.namespace, pod=request.name,
+                 operation=request.operation, decision=answer.outcome, reason=answer.reason)
 
 
 def build_app(config: Config, certificates: CertificateReloader, log: Any,

@@ -8,7 +8,8 @@ import json
 import os
 import ssl
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -135,8 +136,15 @@ class RunningServer:
         assert answer["kind"] == "AdmissionReview"
         return answer["response"]
 
-    def logs(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.log_file.read_text().splitlines()]
+    def logs(self, until: Callable[[list[dict[str, Any]]], bool] = lambda _: True,
+             seconds: float = 5) -> list[dict[str, Any]]:
+        """The JSON log lines, once ``until`` holds for them (lines may come late)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            entries = [json.loads(line) for line in self.log_file.read_text().splitlines()]
+            if until(entries) or time.monotonic() > deadline:
+                return entries
+            time.sleep(0.02)
 
 
 @pytest.fixture(scope="session")

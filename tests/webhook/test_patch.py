@@ -15,9 +15,9 @@ def test_escape_writes_tilde_and_slash_as_rfc_6901_says() -> None:
 
 def test_put_adds_replaces_or_does_nothing_as_the_current_value_requires() -> None:
     builder = PatchBuilder()
-    builder.put("/spec", "runtimeClassName", None, "vcuda")
-    builder.put("/spec", "runtimeClassName", "nvidia", "vcuda")
-    builder.put("/spec", "runtimeClassName", "vcuda", "vcuda")
+    builder.put("/spec/runtimeClassName", None, "vcuda")
+    builder.put("/spec/runtimeClassName", "nvidia", "vcuda")
+    builder.put("/spec/runtimeClassName", "vcuda", "vcuda")
     assert builder.operations == [
         {"op": "add", "path": "/spec/runtimeClassName", "value": "vcuda"},
         {"op": "replace", "path": "/spec/runtimeClassName", "value": "vcuda"},
@@ -27,8 +27,8 @@ def test_put_adds_replaces_or_does_nothing_as_the_current_value_requires() -> No
 def test_built_operations_apply_with_a_standard_json_patch_library() -> None:
     document = {"metadata": {"annotations": {"a/b": "1", "x~y": "2"}}, "spec": {}}
     builder = PatchBuilder()
-    builder.put("/metadata/annotations", "a/b", "1", "changed")
-    builder.remove("/metadata/annotations", "x~y")
+    builder.put("/metadata/annotations/" + escape("a/b"), "1", "changed")
+    builder.remove("/metadata/annotations/" + escape("x~y"))
     builder.add("/spec/limits", {"nvidia.com/gpu": "1"})
     assert jsonpatch.apply_patch(document, builder.operations) == {
         "metadata": {"annotations": {"a/b": "changed"}},

@@ -244,7 +244,8 @@ def test_every_decision_is_logged_as_json_with_uid_namespace_pod_and_reason(
     server.review(review(pod(shared("train")), uid="u-patched", namespace="team-a"))
     server.review(review(pod(shared("train", cores="0"), name="named"), uid="u-denied"))
     server.post(b"{")
-    reviews = [entry for entry in server.logs() if entry["event"] == "review"]
+    reviews = [entry for entry in server.logs(lambda lines: len(lines) >= 4)
+               if entry["event"] == "review"]
     patched, denied, invalid = reviews
     assert patched["uid"] == "u-patched"
     assert patched["namespace"] == "team-a"  # from request.namespace, not the pod
@@ -257,6 +258,14 @@ def test_every_decision_is_logged_as_json_with_uid_namespace_pod_and_reason(
     assert "is neither a share" in denied["reason"]
     assert (invalid["decision"], invalid["level"]) == ("invalid", "warning")
     assert invalid["reason"].startswith("body is not JSON")
+
+
+def test_warnings_and_dry_run_are_logged_when_present(server: RunningServer) -> None:
+    server.review(review(pod(shared("train", cores="100")), uid="u-dry", dry_run=True))
+    (entry,) = [e for e in server.logs(lambda lines: len(lines) >= 2) if e.get("uid") == "u-dry"]
+    assert entry["dry_run"] is True
+    assert entry["warnings"] == ['container "train": docker.com/vcuda-memory is ignored with '
+                                 "whole GPUs (docker.com/vcuda-core: 100)"]
 
 
 def test_a_client_that_does_not_trust_the_ca_is_refused(server: RunningServer) -> None:

@@ -250,7 +250,7 @@ def test_files_rewritten_in_place_are_reloaded(tmp_path: Path, ca: KeyPair, log:
 
 
 def rejections(server: RunningServer) -> list[dict[str, Any]]:
-    return [e for e in server.logs() if e["event"] == "certificate_rejected"]
+    return [e for e in server.logs(seconds=0) if e["event"] == "certificate_rejected"]
 
 
 def test_readyz_fails_once_the_served_certificate_has_expired(tmp_path: Path) -> None:
