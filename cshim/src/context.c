@@ -7,7 +7,6 @@
 #include "account.h"
 #include "driver.h"
 #include "log.h"
-#include "memory.h"
 #include "setup.h"
 #include "track.h"
 
@@ -109,7 +108,7 @@ static uint64_t context_size(struct vc_context_op *op)
 }
 
 /* After the driver's call with its result and the context it gave: charges
- * the new context, or destroys it again when it does not fit. */
+ * the new context. */
 static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context)
 {
     if (!op->device)
@@ -122,13 +121,13 @@ static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context
         return result;
     }
     uint64_t size = ok ? context_size(op) : 0;
-    if (ok && vc_memory_charge(op->device, size) != CUDA_SUCCESS) {
-        if (op->primary)
-            vc_real_cuDevicePrimaryCtxRelease_v2(op->ordinal);
-        else
-            vc_real_cuCtxDestroy_v2(context);
-        ok = false;
-        result = CUDA_ERROR_OUT_OF_MEMORY;
+    /* Charged even past the limit, never refused: frameworks treat a failed
+     * context as a broken GPU, while an allocation that then fails is the
+     * out-of-memory error they handle. */
+    if (ok && !vc_account_reserve(op->device->index, size, op->device->limit)) {
+        vc_log(VC_LOG_INFO, "a new context takes the account past its limit on %s",
+               op->device->uuid);
+        vc_account_add(op->device->index, (int64_t)size);
     }
     if (op->locked) {
         struct vc_region *r = vc_region();

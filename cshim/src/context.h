@@ -2,7 +2,8 @@
  * Contexts: a context's own memory (code, stacks, heaps the driver reserves
  * for it) counts against the limit. It is measured as the change in the
  * device's used memory that NVML reports across the driver's call, with
- * context creation serialized across the container's processes.
+ * context creation serialized across the container's processes. A context
+ * is admitted even past the limit (then the next allocation fails).
  */
 #ifndef VC_CONTEXT_H
 #define VC_CONTEXT_H

@@ -77,15 +77,15 @@ static void forget(struct pool *p)
     *p = pools[--npools];
 }
 
-/* Charges what allocating bytes from pool (NULL: the current device's current
- * pool) may add to the pool's reservation. */
-static CUresult begin(struct vc_pool_op *op, CUmemoryPool pool, size_t bytes)
+/* Charges what allocating bytes from pool (current: the current device's
+ * current pool) may add to the pool's reservation. */
+static CUresult begin(struct vc_pool_op *op, CUmemoryPool pool, bool current, size_t bytes)
 {
     *op = (struct vc_pool_op){NULL, pool, 0};
     CUdevice dev;
-    if (vc_mode() != VC_ON || vc_real_cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+    if (vc_mode() != VC_ON || (!current && !pool) || vc_real_cuCtxGetDevice(&dev) != CUDA_SUCCESS)
         return CUDA_SUCCESS;
-    if (!pool && vc_real_cuDeviceGetMemPool(&op->pool, dev) != CUDA_SUCCESS)
+    if (current && vc_real_cuDeviceGetMemPool(&op->pool, dev) != CUDA_SUCCESS)
         return CUDA_SUCCESS;
     pthread_mutex_lock(&vc_local_lock);
     struct pool *known = lookup(op->pool);
@@ -163,19 +163,6 @@ void vc_pools_forked(void)
 
 typedef CUresult (*from_pool_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 
-/* Charges, allocates through the driver (call), and settles the pool's charge. */
-static CUresult allocate(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream,
-                         from_pool_fn call)
-{
-    struct vc_pool_op op;
-    CUresult r = begin(&op, pool, bytes);
-    if (r == CUDA_SUCCESS) {
-        r = call(dptr, bytes, pool, stream);
-        end(&op);
-    }
-    return r;
-}
-
 static CUresult current_pool(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream stream)
 {
     (void)pool;
@@ -189,26 +176,41 @@ static CUresult current_pool_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool 
     return vc_real_cuMemAllocAsync_ptsz(dptr, bytes, stream);
 }
 
+/* Charges, allocates through the driver (call), and settles the pool's charge;
+ * current: the allocation comes from the current pool, not from pool. */
+static CUresult allocate(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, bool current,
+                         CUstream stream, from_pool_fn call)
+{
+    struct vc_pool_op op;
+    CUresult r = begin(&op, pool, current, bytes);
+    if (r == CUDA_SUCCESS) {
+        r = call(dptr, bytes, pool, stream);
+        end(&op);
+    }
+    return r;
+}
+
 CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return allocate(dptr, bytesize, NULL, hStream, current_pool);
+    return allocate(dptr, bytesize, NULL, true, hStream, current_pool);
 }
 
 CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return allocate(dptr, bytesize, NULL, hStream, current_pool_ptsz);
+    return allocate(dptr, bytesize, NULL, true, hStream, current_pool_ptsz);
 }
 
 CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                          CUstream hStream)
 {
-    return allocate(dptr, bytesize, pool, hStream, vc_real_cuMemAllocFromPoolAsync);
+    return allocate(dptr, bytesize, pool, false, hStream, vc_real_cuMemAllocFromPoolAsync);
 }
 
 CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                               CUmemoryPool pool, CUstream hStream)
 {
-    return allocate(dptr, bytesize, pool, hStream, vc_real_cuMemAllocFromPoolAsync_ptsz);
+    return allocate(dptr, bytesize, pool, false, hStream,
+                    vc_real_cuMemAllocFromPoolAsync_ptsz);
 }
 
 CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)

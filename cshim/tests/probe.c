@@ -467,7 +467,7 @@ static int step(char **cmd, int left)
         CUmemoryPool *which = c[0] == 'p' ? &pool : &host_pool;
         if (!*which)
             *which = make_pool(c[0] == 'p' ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST);
-        r = api.MemAllocFromPoolAsync(&p, size_arg(a1), *which, 0);
+        r = *which ? api.MemAllocFromPoolAsync(&p, size_arg(a1), *which, 0) : CUDA_ERROR_INVALID_VALUE;
         report(c, r, ASYNC, p);
         return 2;
     }

@@ -199,12 +199,15 @@ def test_resetting_the_primary_context_frees_its_allocations(gpu: FakeGpu) -> No
     assert total - free == CONTEXT
 
 
-def test_a_context_that_does_not_fit_is_refused_and_destroyed(gpu: FakeGpu) -> None:
+def test_a_context_past_the_limit_is_admitted_and_the_next_allocation_fails(
+    gpu: FakeGpu,
+) -> None:
     gpu.limit(1 * GIB)
-    lines, in_use = used(gpu, "alloc", "900M", "ctxnew", "0")
+    lines, in_use = used(gpu, "alloc", "900M", "ctxnew", "0", "alloc", "1M")
     assert lines[2][:2] == ["alloc", "CUDA_SUCCESS"]
-    assert lines[3] == ["ctxnew", "CUDA_ERROR_OUT_OF_MEMORY"]
-    assert in_use == CONTEXT + 900 * MIB
+    assert lines[3][:2] == ["ctxnew", "CUDA_SUCCESS"]
+    assert lines[4] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY"]
+    assert in_use == 1 * GIB  # free is 0: the account holds 2 contexts and 900 MiB
 
 
 def test_a_driver_failure_gives_the_charge_back(shim_build: None, tmp_path) -> None:
