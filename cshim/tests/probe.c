@@ -5,7 +5,7 @@
  *   link          calls libcuda.so.1's exports (it is linked against it)
  *   dlsym         dlopen + dlsym of each versioned name (as XLA does)
  *   getproc       dlopen + dlsym("cuGetProcAddress_v2") + cuGetProcAddress
- *                 for everything (as the CUDA runtime does)
+ *                 for everything, each at its own version (as the CUDA runtime does)
  *   getproc-ptsz  the same, asking for per-thread default stream versions
  * then runs the commands that follow, printing one line per command:
  *   init | ctx DEV | ctxnew DEV | ctxdestroy N | release DEV | reset DEV
@@ -76,43 +76,47 @@ struct binding {
     const char *base;        /* the name cuGetProcAddress knows */
     const char *versioned;   /* the exported symbol */
     void *linked;
+    int version;             /* the CUDA version that introduced this signature */
 };
 
-#define BIND(member, base, symbol) {offsetof(struct api, member), base, #symbol, (void *)symbol}
+/* Like the CUDA runtime, ask cuGetProcAddress for the version whose signature
+ * is declared here: newer ones may take other arguments (cuCtxGetDevice_v2). */
+#define BIND(member, base, symbol, version)                                                       \
+    {offsetof(struct api, member), base, #symbol, (void *)symbol, version}
 
 static const struct binding bindings[] = {
-    BIND(Init, "cuInit", cuInit),
-    BIND(DeviceGetCount, "cuDeviceGetCount", cuDeviceGetCount),
-    BIND(DeviceTotalMem, "cuDeviceTotalMem", cuDeviceTotalMem_v2),
-    BIND(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain),
-    BIND(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
-    BIND(PrimaryCtxReset, "cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2),
-    BIND(CtxCreate, "cuCtxCreate", cuCtxCreate_v4),
-    BIND(CtxDestroy, "cuCtxDestroy", cuCtxDestroy_v2),
-    BIND(CtxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent),
-    BIND(CtxGetDevice, "cuCtxGetDevice", cuCtxGetDevice),
-    BIND(MemGetInfo, "cuMemGetInfo", cuMemGetInfo_v2),
-    BIND(MemAlloc, "cuMemAlloc", cuMemAlloc_v2),
-    BIND(MemAllocManaged, "cuMemAllocManaged", cuMemAllocManaged),
-    BIND(MemAllocPitch, "cuMemAllocPitch", cuMemAllocPitch_v2),
-    BIND(MemFree, "cuMemFree", cuMemFree_v2),
-    BIND(ArrayCreate, "cuArrayCreate", cuArrayCreate_v2),
-    BIND(Array3DCreate, "cuArray3DCreate", cuArray3DCreate_v2),
-    BIND(ArrayDestroy, "cuArrayDestroy", cuArrayDestroy),
-    BIND(MipmappedArrayCreate, "cuMipmappedArrayCreate", cuMipmappedArrayCreate),
-    BIND(MipmappedArrayDestroy, "cuMipmappedArrayDestroy", cuMipmappedArrayDestroy),
-    BIND(MemGetAllocationGranularity, "cuMemGetAllocationGranularity", cuMemGetAllocationGranularity),
-    BIND(MemCreate, "cuMemCreate", cuMemCreate),
-    BIND(MemRelease, "cuMemRelease", cuMemRelease),
-    BIND(MemAllocAsync, "cuMemAllocAsync", cuMemAllocAsync),
-    BIND(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync),
-    BIND(MemFreeAsync, "cuMemFreeAsync", cuMemFreeAsync),
-    BIND(MemPoolCreate, "cuMemPoolCreate", cuMemPoolCreate),
-    BIND(MemPoolDestroy, "cuMemPoolDestroy", cuMemPoolDestroy),
-    BIND(MemPoolTrimTo, "cuMemPoolTrimTo", cuMemPoolTrimTo),
-    BIND(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize),
-    BIND(GetProcAddress, "cuGetProcAddress", cuGetProcAddress_v2),
-    BIND(GetErrorName, "cuGetErrorName", cuGetErrorName),
+    BIND(Init, "cuInit", cuInit, 2000),
+    BIND(DeviceGetCount, "cuDeviceGetCount", cuDeviceGetCount, 2000),
+    BIND(DeviceTotalMem, "cuDeviceTotalMem", cuDeviceTotalMem_v2, 3020),
+    BIND(PrimaryCtxRetain, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, 7000),
+    BIND(PrimaryCtxRelease, "cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, 11000),
+    BIND(PrimaryCtxReset, "cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2, 11000),
+    BIND(CtxCreate, "cuCtxCreate", cuCtxCreate_v4, 12050),
+    BIND(CtxDestroy, "cuCtxDestroy", cuCtxDestroy_v2, 4000),
+    BIND(CtxSetCurrent, "cuCtxSetCurrent", cuCtxSetCurrent, 4000),
+    BIND(CtxGetDevice, "cuCtxGetDevice", cuCtxGetDevice, 2000),
+    BIND(MemGetInfo, "cuMemGetInfo", cuMemGetInfo_v2, 3020),
+    BIND(MemAlloc, "cuMemAlloc", cuMemAlloc_v2, 3020),
+    BIND(MemAllocManaged, "cuMemAllocManaged", cuMemAllocManaged, 6000),
+    BIND(MemAllocPitch, "cuMemAllocPitch", cuMemAllocPitch_v2, 3020),
+    BIND(MemFree, "cuMemFree", cuMemFree_v2, 3020),
+    BIND(ArrayCreate, "cuArrayCreate", cuArrayCreate_v2, 3020),
+    BIND(Array3DCreate, "cuArray3DCreate", cuArray3DCreate_v2, 3020),
+    BIND(ArrayDestroy, "cuArrayDestroy", cuArrayDestroy, 2000),
+    BIND(MipmappedArrayCreate, "cuMipmappedArrayCreate", cuMipmappedArrayCreate, 5000),
+    BIND(MipmappedArrayDestroy, "cuMipmappedArrayDestroy", cuMipmappedArrayDestroy, 5000),
+    BIND(MemGetAllocationGranularity, "cuMemGetAllocationGranularity", cuMemGetAllocationGranularity, 10020),
+    BIND(MemCreate, "cuMemCreate", cuMemCreate, 10020),
+    BIND(MemRelease, "cuMemRelease", cuMemRelease, 10020),
+    BIND(MemAllocAsync, "cuMemAllocAsync", cuMemAllocAsync, 11020),
+    BIND(MemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, 11020),
+    BIND(MemFreeAsync, "cuMemFreeAsync", cuMemFreeAsync, 11020),
+    BIND(MemPoolCreate, "cuMemPoolCreate", cuMemPoolCreate, 11020),
+    BIND(MemPoolDestroy, "cuMemPoolDestroy", cuMemPoolDestroy, 11020),
+    BIND(MemPoolTrimTo, "cuMemPoolTrimTo", cuMemPoolTrimTo, 11020),
+    BIND(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize, 2000),
+    BIND(GetProcAddress, "cuGetProcAddress", cuGetProcAddress_v2, 12000),
+    BIND(GetErrorName, "cuGetErrorName", cuGetErrorName, 6000),
 };
 
 #define NBINDINGS (sizeof bindings / sizeof *bindings)
@@ -156,7 +160,7 @@ static void bind_all(const char *mode)
             *slot = dlsym(handle, b->versioned);
         else if (!by_getproc)
             die("unknown mode", mode);
-        else if (api.GetProcAddress(b->base, slot, CUDA_VERSION, flags, NULL) != CUDA_SUCCESS)
+        else if (api.GetProcAddress(b->base, slot, b->version, flags, NULL) != CUDA_SUCCESS)
             *slot = NULL;
         if (!*slot)
             die("cannot resolve", b->base);
