@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -20,17 +18,32 @@ from demo import gpu
 from demo.commands import REPO, vcuda_command
 from demo.machine import check_machine
 from demo.node import (
+    BUILT_LIBRARY,
+    NODE_LIBRARY,
     RUNTIME_CLASS,
     Node,
     Runc,
     container_config,
     device_count,
+    limits_problem,
+    mounts_under,
     node_hooks,
     prepare_node,
+    seen_lines,
+    unmount,
     write_bundle,
 )
-from demo.pods import GIB, LIMITS_ANNOTATION, NAMESPACE, SAMPLES, SamplePod
+from demo.pods import GIB, NAMESPACE, SAMPLES, SamplePod
+from demo.reviews import (
+    admitted_summary,
+    limits_annotation,
+    limits_text,
+    review_lines,
+    unexpected,
+)
 from demo.steps import Done, Runner, StepFailed, StepSkipped
+from runtime_hook.gpu_inventory import Gpu, InventoryError
+from runtime_hook.gpu_inventory import read as read_inventory
 
 INTERRUPTED = 130
 _DESCRIPTION = """\
@@ -87,8 +100,7 @@ class Demo:
         elif not any(review.allowed for review in self.reviews.values()):
             self.runner.skip("prepare the node", "not run: no pod was admitted")
         else:
-            gpus = machine.gpus.gpus
-            run("prepare the node", functools.partial(self._prepare_node, gpus, bool(gpus)))
+            run("prepare the node", functools.partial(self._prepare_node, machine.gpus.gpus))
         for sample in SAMPLES:
             review = self.reviews.get(sample.name)
             if review is None or not review.allowed:
@@ -117,9 +129,9 @@ class Demo:
         left = self.runc.delete_all()
         said.append(f"deleted containers runc still held: {', '.join(left)}" if left
                     else "no container left")
-        mounts = _mounts_under(self.work)
+        mounts = mounts_under(self.work)
         for point in reversed(mounts):
-            _unmount(point)
+            unmount(point)
         if mounts:
             said.append(f"unmounted what was left: {', '.join(mounts)}")
         if self.args.keep:
@@ -153,30 +165,35 @@ class Demo:
         except WebhookError as exc:
             raise StepFailed(str(exc)) from None
         self.reviews[sample.name] = review
-        details = _review_details(sample.pod, review)
-        wrong = _unexpected(sample, review)
+        details = review_lines(sample.pod, review)
+        wrong = unexpected(sample, review)
         if wrong:
             raise StepFailed(f"the webhook's answer is not the expected one: {wrong}", details)
         if not review.allowed:
             return Done("denied; the message says what to write instead", details)
-        return Done(_admitted_summary(sample), details)
+        return Done(admitted_summary(sample), details)
 
-    def _prepare_node(self, gpus: tuple[Any, ...], real: bool) -> Done:
-        node = prepare_node(self.work, gpus or gpu.MADE_UP_GPUS)
+    def _prepare_node(self, found: tuple[Gpu, ...]) -> Done:
+        if self.args.inventory:
+            gpus, origin = _read_inventory(self.args.inventory), f"from {self.args.inventory}"
+        elif found:
+            gpus, origin = found, "from nvidia-smi"
+        else:
+            gpus, origin = gpu.MADE_UP_GPUS, "made up: no NVIDIA GPU here"
+        node = prepare_node(self.work, gpus)
         self.node = node
-        inventory = ", ".join(f"{g.uuid} ({g.memory / GIB:.1f} GiB)" for g in node.gpus)
-        library = _shown(node.library)
-        hook = _hook_command(node)
+        placeholder = node.library != BUILT_LIBRARY
         return Done(
-            "the hook's state dir, GPU inventory"
-            + ("" if real else " (made up: no NVIDIA GPU here)") + " and library are ready",
+            f"the hook's state dir, GPU inventory ({origin}) and library"
+            + (" (a placeholder: cshim is not built)" if placeholder else "") + " are ready",
             [f"state dir:      {node.state_dir}  (a node's /run/vcuda)",
-             f"GPU inventory:  {inventory}" + ("" if real else "  (made up)"),
-             f"library:        {library}  (a node's /usr/local/vcuda/lib/libvcuda.so)"
-             + ("" if node.library.is_relative_to(REPO)
-                else "  (a placeholder file: cshim/build/libvcuda.so is not built; the hook "
-                     "only bind-mounts it, and busybox is static)"),
-             f"hook:           {hook}",
+             "GPU inventory:  " + ", ".join(f"{g.uuid} ({g.memory / GIB:.1f} GiB)"
+                                            for g in node.gpus),
+             f"library:        {_shown(node.library)}  (a node's {NODE_LIBRARY})",
+             *(["                a placeholder file, as cshim/build/libvcuda.so is not built "
+                "(make -C cshim): the hook only bind-mounts it, and busybox is static"]
+               if placeholder else []),
+             f"hook:           {_hook_command(node)}",
              "                (manifests/node/base-runtime-spec.json's prestart and poststop)"])
 
     def _start_container(self, sample: SamplePod, pod: dict[str, Any],
@@ -190,7 +207,7 @@ class Demo:
         if seen is None:
             raise StepFailed(f"the container did not start: {why_not}")
         details = [f"NVIDIA_VISIBLE_DEVICES={','.join(devices)}  (what the device plugin sets)",
-                   *_inside_details(seen)]
+                   *seen_lines(seen)]
         limited = pod["spec"].get("runtimeClassName") == RUNTIME_CLASS
         if not limited:
             if seen != {"/etc/ld.so.preload": ["(absent)"], "/etc/vcuda/limits": ["(absent)"]}:
@@ -199,14 +216,14 @@ class Demo:
             return Done("no runtime class vcuda (whole GPUs), so no hook: nothing added",
                         details)
         wanted = sample.limits[name] if sample.limits else {}
-        problem = _limits_problem(seen, wanted, devices)
+        problem = limits_problem(seen, wanted, devices)
         if problem:
             raise StepFailed(problem, details)
         summary = (f"runtime class vcuda, so the hook ran: libvcuda.so preloaded, limits "
-                   f"{_limits_text(wanted)}, read-only")
-        forged = _annotation(sample.pod).get(name)
+                   f"{limits_text(wanted)}, read-only")
+        forged = limits_annotation(sample.pod).get(name)
         if forged and forged != wanted:
-            summary += f" (not the forged {_limits_text(forged)})"
+            summary += f" (not the forged {limits_text(forged)})"
         return Done(summary, details)
 
     def _cuda_program(self, memory: str, cores: int) -> Done:
@@ -238,6 +255,16 @@ def _hook_command(node: Node) -> str:
     return " ".join(_shown(arg) for arg in [hook["path"], *hook["args"][1:]])
 
 
+def _read_inventory(path: Path) -> tuple[Gpu, ...]:
+    try:
+        gpus = read_inventory(str(path))
+    except InventoryError as exc:
+        raise StepFailed(f"--inventory: {exc}") from None
+    if gpus is None:
+        raise StepFailed(f"--inventory {path}: no such file")
+    return tuple(sorted(gpus.values(), key=lambda g: g.index))
+
+
 def _checked(facts: list[str], problems: list[str]) -> Done:
     if problems:
         raise StepFailed(problems[0] + (f" (and {len(problems) - 1} more below)"
@@ -255,121 +282,12 @@ def _gpu_memory_bytes(memory: str) -> int:
     return int(memory.removesuffix("Gi")) * GIB
 
 
-def _annotation(pod: dict[str, Any]) -> dict[str, Any]:
-    """The pod's vcuda.io/limits, parsed; {} when absent."""
-    value = (pod["metadata"].get("annotations") or {}).get(LIMITS_ANNOTATION)
-    return json.loads(value) if value else {}
-
-
-def _limits_text(limits: dict[str, int]) -> str:
-    return f"{limits['cores']}% / {limits['memory'] / GIB:g} GiB"
-
-
-def _resources_text(container: dict[str, Any]) -> str:
-    limits = container.get("resources", {}).get("limits", {})
-    return ", ".join(f"{key}: {value}" for key, value in limits.items())
-
-
-def _review_details(asked: dict[str, Any], review: Any) -> list[str]:
-    lines = [f"asks:     {c['name']}: {_resources_text(c)}" for c in asked["spec"]["containers"]]
-    written = (asked["metadata"].get("annotations") or {}).get(LIMITS_ANNOTATION)
-    if written:
-        lines.append(f"          and writes {LIMITS_ANNOTATION}: {written}")
-    if not review.allowed:
-        return [*lines, f"message:  {review.message}"]
-    lines += [f"warning:  {warning}" for warning in review.warnings]
-    for number, op in enumerate(review.patch):
-        value = f" {json.dumps(op['value'])}" if "value" in op else ""
-        lines.append(f"{'patch:' if number == 0 else '':<10}{op['op']} {op['path']}{value}")
-    pod = review.pod
-    lines += [f"{'patched:' if number == 0 else '':<10}{c['name']}: {_resources_text(c)}"
-              for number, c in enumerate(pod["spec"]["containers"])]
-    value = (pod["metadata"].get("annotations") or {}).get(LIMITS_ANNOTATION)
-    lines.append(f"          {LIMITS_ANNOTATION}: {value or '(none)'}")
-    lines.append(f"          runtimeClassName: {pod['spec'].get('runtimeClassName') or '(none)'}")
-    return lines
-
-
-def _unexpected(sample: SamplePod, review: Any) -> str:
-    """What in the review differs from the sample's expectations; '' when nothing."""
-    if review.allowed != sample.allowed:
-        return f"{'admitted' if review.allowed else 'denied'}, expected the opposite"
-    if not review.allowed:
-        return "" if review.message else "denied without a message"
-    if _annotation(review.pod) != (sample.limits or {}):
-        return f"{LIMITS_ANNOTATION} is {_annotation(review.pod)}, expected {sample.limits}"
-    if review.pod["spec"].get("runtimeClassName") != sample.runtime_class:
-        return f"runtimeClassName is {review.pod['spec'].get('runtimeClassName')!r}"
-    containers = {c["name"]: c for c in review.pod["spec"]["containers"]}
-    for name, wanted in sample.resources.items():
-        limits = containers[name].get("resources", {}).get("limits", {})
-        for key, value in wanted.items():
-            if limits.get(key) != value:
-                return f"{name}'s limits have {key}: {limits.get(key)}, expected {value}"
-    return ""
-
-
-def _admitted_summary(sample: SamplePod) -> str:
-    adds = [f"{key}: {value}" for wanted in sample.resources.values()
-            for key, value in wanted.items()]
-    if sample.limits:
-        adds.append(LIMITS_ANNOTATION)
-    if sample.runtime_class:
-        adds.append(f"runtime class {sample.runtime_class}")
-    summary = "admitted; the patch adds " + ", ".join(adds[:-1]) + " and " * (len(adds) > 1) \
-        + adds[-1]
-    if _annotation(sample.pod):
-        summary += ", replacing the forged annotation"
-    return summary
-
-
-def _inside_details(seen: dict[str, list[str]]) -> list[str]:
-    lines = []
-    for name, label in (("/etc/ld.so.preload", "/etc/ld.so.preload:"),
-                        ("/etc/vcuda/limits", "/etc/vcuda/limits:"),
-                        ("raise", "raising its limits:")):
-        for number, line in enumerate(seen.get(name, ())):
-            lines.append(f"{label if number == 0 else '':<22}{line}")
-    return lines
-
-
-def _limits_problem(seen: dict[str, list[str]], wanted: dict[str, int],
-                    devices: tuple[str, ...]) -> str:
-    from runtime_hook.limits_file import Limits, LimitsFormatError, parse
-
-    preload = seen.get("/etc/ld.so.preload", [])
-    if not preload or preload[0] != "/usr/local/vcuda/lib/libvcuda.so":
-        return "/etc/ld.so.preload does not load libvcuda.so first"
-    try:
-        limits = parse("\n".join(seen.get("/etc/vcuda/limits", [])) + "\n")
-    except LimitsFormatError as exc:
-        return f"/etc/vcuda/limits is not a valid limits file: {exc}"
-    expected = Limits(memory=wanted["memory"], cores=wanted["cores"], devices=devices,
-                      account="/run/vcuda/account")
-    if limits != expected:
-        return f"/etc/vcuda/limits holds {limits}, expected {expected}"
-    if not any("Read-only" in line for line in seen.get("raise", [])):
-        return "the container could write /etc/vcuda/limits"
-    return ""
-
-
 def _shown(path: str | Path) -> str:
     """A path as the output shows it: relative to the checkout when inside it."""
     try:
         return str(Path(path).relative_to(REPO))
     except ValueError:
         return str(path)
-
-
-def _mounts_under(path: Path) -> list[str]:
-    with open("/proc/self/mountinfo") as table:
-        points = [line.split()[4] for line in table]
-    prefix = str(path) + "/"
-    return sorted(p for p in points if p.startswith(prefix))
-
-
-def _unmount(point: str) -> None:
-    subprocess.run(["umount", "-l", point], capture_output=True, timeout=30, check=False)
 
 
 def _try_next(runner: Runner, gpu_ran: bool) -> str:
@@ -404,6 +322,10 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cuda-python", default="python3", metavar="PYTHON",
                         help="Python with torch or cupy for the CUDA step (default: python3)")
+    parser.add_argument("--inventory", type=Path, metavar="FILE",
+                        help="GPU inventory for the hook (format in runtime_hook/gpu_inventory.py)"
+                             " instead of one from nvidia-smi, or a made-up one without a GPU; "
+                             "e.g. a 4 GiB GPU, to see the hook refuse a 10 GiB container")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work files (bundles, logs, certificates) for a look; "
                              "processes and containers are stopped all the same")

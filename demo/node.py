@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from demo.commands import REPO
 from runtime_hook.busybox_root import make_busybox_root
 from runtime_hook.gpu_inventory import Gpu, write
+from runtime_hook.limits_file import Limits, LimitsFormatError, parse
 
 BASE_SPEC = REPO / "manifests" / "node" / "base-runtime-spec.json"
 BUILT_LIBRARY = REPO / "cshim" / "build" / "libvcuda.so"
@@ -29,7 +30,7 @@ POD_ANNOTATIONS = ("vcuda.io/*",)
 # Where the node DaemonSet installs the hook's files (README.md, "Node hook").
 _NODE_HOOK = "/usr/local/vcuda/python/runtime_hook/oci_hook.py"
 _NODE_STATE = "/run/vcuda"
-_NODE_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
+NODE_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
 _DEVICE_RESOURCES = ("nvidia.com/gpu.shared", "nvidia.com/gpu")
 # Prints the two files the hook provides, then tries to raise its own limits.
 _PROBE = """
@@ -72,7 +73,7 @@ def prepare_node(work: Path, gpus: tuple[Gpu, ...]) -> Node:
 def node_hooks(node: Node) -> dict[str, list[dict[str, Any]]]:
     """The base spec's hooks, as the manifests wire them, with node paths moved to the demo's."""
     moved = {_NODE_HOOK: str(REPO / "runtime_hook" / "oci_hook.py"),
-             _NODE_STATE: str(node.state_dir), _NODE_LIBRARY: str(node.library)}
+             _NODE_STATE: str(node.state_dir), NODE_LIBRARY: str(node.library)}
     hooks = _base_spec()["hooks"]
     for entries in hooks.values():
         for hook in entries:
@@ -180,3 +181,45 @@ def _sections(stdout: str) -> dict[str, list[str]]:
             current.append(line)
     return sections
 
+
+def seen_lines(seen: dict[str, list[str]]) -> list[str]:
+    """What the container saw, as the demo prints it."""
+    lines = []
+    for name, label in (("/etc/ld.so.preload", "/etc/ld.so.preload:"),
+                        ("/etc/vcuda/limits", "/etc/vcuda/limits:"),
+                        ("raise", "raising its limits:")):
+        for number, line in enumerate(seen.get(name, ())):
+            lines.append(f"{label if number == 0 else '':<22}{line}")
+    return lines
+
+
+def limits_problem(seen: dict[str, list[str]], wanted: dict[str, int],
+                   devices: tuple[str, ...]) -> str:
+    """How what a limited container saw differs from ``wanted`` on ``devices``; '' if not."""
+    preload = seen.get("/etc/ld.so.preload", [])
+    if not preload or preload[0] != NODE_LIBRARY:
+        return "/etc/ld.so.preload does not load libvcuda.so first"
+    try:
+        limits = parse("\n".join(seen.get("/etc/vcuda/limits", [])) + "\n")
+    except LimitsFormatError as exc:
+        return f"/etc/vcuda/limits is not a valid limits file: {exc}"
+    expected = Limits(memory=wanted["memory"], cores=wanted["cores"], devices=devices,
+                      account="/run/vcuda/account")
+    if limits != expected:
+        return f"/etc/vcuda/limits holds {limits}, expected {expected}"
+    if not any("Read-only" in line for line in seen.get("raise", [])):
+        return "the container could write /etc/vcuda/limits"
+    return ""
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points below ``path`` in this (the host's) mount namespace."""
+    with open("/proc/self/mountinfo") as table:
+        points = [line.split()[4] for line in table]
+    prefix = str(path) + "/"
+    return sorted(p for p in points if p.startswith(prefix))
+
+
+def unmount(point: str) -> None:
+    """Detach the mount at ``point`` (lazily: whatever still uses it keeps it)."""
+    subprocess.run(["umount", "-l", point], capture_output=True, timeout=30, check=False)

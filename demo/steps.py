@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NamedTuple, TextIO
 
 OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
 _INDENT = " " * 12
+_PACKAGE = Path(__file__).resolve().parent
 
 
 class Done(NamedTuple):
@@ -51,9 +53,8 @@ class Runner:
         except StepFailed as exc:
             return self._record(FAILED, title, exc.summary, exc.details)
         except Exception as exc:
-            where = traceback.format_exception(type(exc), exc, exc.__traceback__)[-2:-1]
             summary = f"unexpected {type(exc).__name__}: {exc}"
-            return self._record(FAILED, title, summary, [line.strip() for line in where])
+            return self._record(FAILED, title, summary, [_where(exc)])
         return self._record(OK, title, done.summary, done.details)
 
     def skip(self, title: str, reason: str) -> None:
@@ -81,3 +82,10 @@ class Runner:
         """One line: how many steps passed, failed and were skipped."""
         counts = [f"{self.statuses.count(s)} {s.lower()}" for s in (OK, FAILED, SKIPPED)]
         return f"{len(self.statuses)} steps: " + ", ".join(counts)
+
+
+def _where(exc: Exception) -> str:
+    """The line of the step's code (the demo's, else any) that the exception came through last."""
+    frames = traceback.extract_tb(exc.__traceback__)[1:]  # [0] is Runner.run
+    frame = ([f for f in frames if Path(f.filename).parent == _PACKAGE] or frames)[-1]
+    return f"at {Path(frame.filename).name}:{frame.lineno}, in {frame.name}: {frame.line}"

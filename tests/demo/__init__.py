@@ -1,0 +1,1 @@
+"""Tests of the demo (scripts/demo)."""
