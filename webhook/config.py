@@ -69,6 +69,16 @@ class Config:
         return tuple((d, f"{d}/vcuda-core", f"{d}/vcuda-memory") for d in self.domains)
 
     @cached_property
+    def max_memory_units(self) -> int:
+        """The largest vcuda-memory request: the largest GPU's memory in 256 MiB units."""
+        return self.max_gpu_memory // MEMORY_UNIT
+
+    @cached_property
+    def backend_resources(self) -> frozenset[str]:
+        """The device-plugin resources vcuda writes."""
+        return frozenset((self.shared_resource, self.exclusive_resource))
+
+    @cached_property
     def escaped_resources(self) -> dict[str, str]:
         """The device-plugin resource names as JSON Pointer tokens."""
         return {name: escape(name) for name in (self.shared_resource, self.exclusive_resource)}

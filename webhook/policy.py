@@ -8,7 +8,7 @@ import msgspec
 
 from webhook.config import MEMORY_UNIT, Config
 from webhook.patch import Operation, PatchBuilder, escape
-from webhook.pod import Container, ObjectMeta, Pod, Quantity
+from webhook.pod import Container, ObjectMeta, Pod, Quantity, SecurityContext
 from webhook.quantity import QuantityError, parse_whole_quantity
 
 LIMITS_ANNOTATION = "vcuda.io/limits"
@@ -134,7 +134,9 @@ def _review_container(container: Container, limits: _Values, requests: _Values,
     if mode is None:
         return
     backend, count, shares = mode
-    _check_backend(limits, requests, backend, count, who, keys[0], config, problems)
+    backends = config.backend_resources
+    if not backends.isdisjoint(limits) or (requests and not backends.isdisjoint(requests)):
+        _check_backend(limits, requests, backend, count, who, keys[0], config, problems)
     if len(problems) > count_before:
         return
     # A backend resource already present agrees (checked above), so only add.
@@ -205,7 +207,8 @@ def _mode(container: Container, limits: _Values, keys: tuple[str, str], who: str
     if cores is None:
         return None
     if 1 <= cores <= 99:
-        _check_unprivileged(container, who, core_key, problems)
+        if container.security_context is not None:
+            _check_unprivileged(container.security_context, who, core_key, problems)
         memory = _shared_memory(limits, keys, cores, who, config, problems)
         if memory is None:
             return None
@@ -239,7 +242,7 @@ def _shared_memory(limits: dict[str, Quantity], keys: tuple[str, str], cores: in
     units = _whole(limits, memory_key, who, problems)
     if units is None:
         return None
-    largest = config.max_gpu_memory // MEMORY_UNIT
+    largest = config.max_memory_units
     if units < 1:
         problems.append(f"{who}: {memory_key}: {units} must be at least 1 (256 MiB); "
                         "write N in units of 256 MiB (40 = 10 GiB)")
@@ -252,11 +255,8 @@ def _shared_memory(limits: dict[str, Quantity], keys: tuple[str, str], cores: in
     return units * MEMORY_UNIT
 
 
-def _check_unprivileged(container: Container, who: str, core_key: str,
+def _check_unprivileged(context: SecurityContext, who: str, core_key: str,
                         problems: list[str]) -> None:
-    context = container.security_context
-    if context is None:
-        return
     added = context.capabilities.add if context.capabilities else None
     escalating = sorted({c for c in added or () if c.upper() in _ESCALATING_CAPABILITIES})
     if context.privileged:

@@ -89,11 +89,12 @@ def parse_review(body: bytes) -> ReviewRequest:
     name = request.name
     if not name and request.object:
         name = _display_name(request.object.metadata.name, request.object.metadata.generate_name)
+    is_pod = kind.kind == "Pod" and not kind.group
     return ReviewRequest(
         uid=request.uid, operation=request.operation, namespace=request.namespace, name=name,
-        kind=_kind_text(kind.group, kind.version, kind.kind),
-        is_pod=kind.group == "" and kind.kind == "Pod", dry_run=request.dry_run is True,
-        pod=request.object, old_pod=request.old_object)
+        kind="v1 Pod" if is_pod else _kind_text(kind.group, kind.version, kind.kind),
+        is_pod=is_pod, dry_run=request.dry_run is True, pod=request.object,
+        old_pod=request.old_object)
 
 
 def body_too_large(size: int | None) -> str:
