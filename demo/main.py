@@ -41,7 +41,7 @@ from demo.reviews import (
     review_lines,
     unexpected,
 )
-from demo.steps import Done, Runner, StepFailed, StepSkipped
+from demo.steps import OK, Done, Runner, StepFailed, StepSkipped
 from runtime_hook.gpu_inventory import Gpu, InventoryError
 from runtime_hook.gpu_inventory import read as read_inventory
 
@@ -116,15 +116,19 @@ class Demo:
         memory, cores = _gpu_limits()
         title = f"run a CUDA program under vcuda-run --memory {memory} --cores {cores}"
         if machine.gpus.gpus:
-            self.gpu_ran = run(title, functools.partial(self._cuda_program, memory, cores))
+            run(title, functools.partial(self._cuda_program, memory, cores))
+            self.gpu_ran = self.runner.statuses[-1] == OK
         else:
             self.runner.skip(title, f"no NVIDIA GPU here ({machine.gpus.why_none})")
 
-    def clean_up(self) -> list[str]:
-        """Stop the webhook, delete containers left, remove the work dir; say what was done."""
+    def clean_up(self) -> tuple[list[str], bool]:
+        """Stop the webhook, delete containers left, remove the work dir.
+
+        Returns what was done, and whether all of it worked.
+        """
         said = []
-        if self.webhook is not None:
-            status = self.webhook.stop()
+        status = self.webhook.stop() if self.webhook is not None else None
+        if status is not None:
             said.append(f"vcuda-webhook stopped (exit status {status})")
         left = self.runc.delete_all()
         said.append(f"deleted containers runc still held: {', '.join(left)}" if left
@@ -136,10 +140,14 @@ class Demo:
             said.append(f"unmounted what was left: {', '.join(mounts)}")
         if self.args.keep:
             said.append(f"work files kept in {self.work}")
-        else:
+            return said, True
+        try:
             shutil.rmtree(self.work)
-            said.append(f"{self.work} removed")
-        return said
+        except OSError as exc:
+            said.append(f"could not remove {self.work}: {exc}")
+            return said, False
+        said.append(f"{self.work} removed")
+        return said, True
 
     # The steps: each returns Done or raises StepFailed / StepSkipped.
 
@@ -274,7 +282,7 @@ def _checked(facts: list[str], problems: list[str]) -> Done:
 
 def _gpu_limits() -> tuple[str, int]:
     """The first sample pod's limits, as vcuda-run flags: ("10Gi", 30)."""
-    limits = next(iter(SAMPLES[0].limits.values()))  # type: ignore[union-attr]
+    (limits,) = (SAMPLES[0].limits or {}).values()
     return f"{limits['memory'] // GIB}Gi", limits["cores"]
 
 
@@ -339,27 +347,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signum, _interrupt)
     runner = Runner(sys.stdout)
     work = Path(tempfile.mkdtemp(prefix="vcuda-demo-"))
-    runner.print("vcuda demo: GPU pods on this machine, from admission to a process held to "
-                 "its limits.")
-    runner.print("It starts the webhook, sends it pods as the API server would, starts the "
-                 "admitted containers")
-    runner.print("with runc and vcuda's hook, and, with an NVIDIA GPU, runs a CUDA program "
-                 "under the limits.")
-    runner.print(f"Work files: {work} (removed at the end).")
-    runner.print()
     demo = Demo(runner, work, args)
     interrupted = False
     try:
+        runner.print("vcuda demo: GPU pods on this machine, from admission to a process held to "
+                     "its limits.")
+        runner.print("It starts the webhook, sends it pods as the API server would, starts the "
+                     "admitted containers")
+        runner.print("with runc and vcuda's hook, and, with an NVIDIA GPU, runs a CUDA program "
+                     "under the limits.")
+        runner.print(f"Work files: {work} ("
+                     + ("kept: --keep" if args.keep else "removed at the end") + ").")
+        runner.print()
         demo.run()
     except KeyboardInterrupt:
         interrupted = True
-    with _signals_blocked():
-        said = demo.clean_up()
+    finally:  # also after an error of the demo itself: nothing it started may outlive it
+        with _signals_blocked():
+            said, clean = demo.clean_up()
     runner.print()
-    runner.print("Cleaned up: " + "; ".join(said) + ".")
+    runner.print(("Cleaned up: " if clean else "Clean-up FAILED: ") + "; ".join(said) + ".")
     if interrupted:
         runner.print(f"Interrupted after {len(runner.statuses)} steps.")
         return INTERRUPTED
     runner.print(runner.tally() + ".")
     runner.print(_try_next(runner, demo.gpu_ran))
-    return 1 if runner.failed else 0
+    return 1 if runner.failed or not clean else 0
