@@ -160,10 +160,10 @@ class Demo:
         except WebhookError as exc:
             raise StepFailed(str(exc)) from None
         return Done(
-            f"{_shown(self.webhook.command[0])} (pid {self.webhook.pid}) serves "
-            f"{self.webhook.url}/mutate with a throwaway CA's certificate; /readyz answered "
-            "over verified TLS",
-            [f"CA:   {self.webhook.ca_file}", f"log:  {self.webhook.log_file} (JSON lines)"])
+            f"vcuda-webhook (pid {self.webhook.pid}) serves {self.webhook.url}/mutate with a "
+            "throwaway CA's certificate; /readyz answered over verified TLS",
+            ["$ " + " ".join(_shown(arg) for arg in self.webhook.command),
+             f"CA:   {self.webhook.ca_file}", f"log:  {self.webhook.log_file} (JSON lines)"])
 
     def _review(self, sample: SamplePod) -> Done:
         from demo.admission import WebhookError
@@ -237,10 +237,9 @@ class Demo:
     def _cuda_program(self, memory: str, cores: int) -> Done:
         probe = gpu.run_probe(self.args.cuda_python, memory, cores)
         command = " ".join([_shown(probe.command[0]), *probe.command[1:]])
-        details = [f"$ {command}", *probe.lines,
-                   "(the demo's containers have no GPU driver inside, as no NVIDIA container "
-                   "runtime runs them here, so vcuda-run puts the same limits on a process of "
-                   "this machine)"]
+        details = ["(the demo's containers have no GPU driver inside, as no NVIDIA container "
+                   "runtime starts them, so vcuda-run puts the same limits on a process here)",
+                   f"$ {command}", *probe.lines]
         if gpu.lacks_cuda_library(probe):
             raise StepSkipped(f"{self.args.cuda_python} has neither torch nor cupy; name one "
                               "that has with --cuda-python")
