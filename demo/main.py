@@ -152,6 +152,8 @@ class Demo:
     # The steps: each returns Done or raises StepFailed / StepSkipped.
 
     def _start_webhook(self) -> Done:
+        # demo.admission needs the webhook's modules: imported here, after step 1 found them,
+        # so that a missing one is reported there rather than as a traceback.
         from demo.admission import Webhook, WebhookError
 
         self.webhook = Webhook(self.work)
