@@ -126,7 +126,16 @@ struct vc_region *vc_region_open(const char *path, char *err, size_t errlen)
 {
     if (!*path)
         return open_private(err, errlen);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT) {
+        /* Readable and writable by all: the container's processes may run as
+         * several users. Its directory decides who else can reach it. */
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0666);
+        if (fd >= 0)
+            fchmod(fd, 0666);
+        else if (errno == EEXIST)
+            fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    }
     if (fd < 0) {
         snprintf(err, errlen, "cannot open account %s: %s", path, strerror(errno));
         return NULL;

@@ -136,3 +136,9 @@ def test_an_account_file_of_another_kind_refuses_cuda_with_a_message(gpu: FakeGp
     assert result.stdout.split() == ["init", "CUDA_ERROR_NOT_PERMITTED"]
     assert f"{gpu.account}: not a vcuda account file" in result.stderr
     assert os.path.getsize(gpu.account) == len(b"not an account" * 20000)
+
+
+def test_the_account_is_created_for_every_user_of_the_container(gpu: FakeGpu) -> None:
+    gpu.limit(4 * GIB)
+    gpu.run("init", "ctx", "0")
+    assert gpu.account.stat().st_mode & 0o777 == 0o666
