@@ -128,7 +128,7 @@ def _review_container(container: Container, limits: _Values, requests: _Values,
         problems.append(f"a {label} without a name asks for {keys[0]}; name it")
         return
     count_before = len(problems)
-    if requests:
+    if requests and not config.watched_resources.isdisjoint(requests):
         _check_requests_match_limits(limits, requests, keys, who, problems)
     mode = _mode(container, limits, keys, who, config, findings)
     if mode is None:

@@ -73,6 +73,7 @@ class _Review(msgspec.Struct, frozen=True, rename="camel"):
 
 _DECODER = msgspec.json.Decoder(_Review)
 _ENCODER = msgspec.json.Encoder()
+_RESPONSE_START = f'{{"apiVersion":"{API_VERSION}","kind":"{KIND}","response":'.encode()
 
 
 def parse_review(body: bytes) -> ReviewRequest:
@@ -113,7 +114,7 @@ def render_response(uid: str, decision: Decision) -> bytes:
         response["patch"] = base64.b64encode(_ENCODER.encode(decision.patch)).decode()
     if decision.warnings:
         response["warnings"] = decision.warnings
-    return _ENCODER.encode({"apiVersion": API_VERSION, "kind": KIND, "response": response})
+    return _RESPONSE_START + _ENCODER.encode(response) + b"}"
 
 
 def _parse_malformed(body: bytes, error: msgspec.DecodeError) -> ReviewRequest:

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
-from aiohttp import web
 
 from webhook.config import Config
 from webhook.logs import make_logger
 from webhook.pki import KeyPair, issue_serving_cert, make_ca
-from webhook.server import build_app
+from webhook.server import WebhookServer
 from webhook.tls import CertificateReloader
 
 RELOAD_INTERVAL = 0.05
@@ -80,30 +79,24 @@ class SecretVolume:
 
 
 class RunningServer:
-    """The webhook's aiohttp application on 127.0.0.1, in a thread with its own event loop."""
+    """The webhook server on 127.0.0.1, in a thread with its own event loop."""
 
-    def __init__(self, app: web.Application, context: ssl.SSLContext, client: ssl.SSLContext,
-                 log_file: Path, log_stream: BinaryIO) -> None:
+    def __init__(self, webhook: WebhookServer, client: ssl.SSLContext, log_file: Path,
+                 log_stream: BinaryIO) -> None:
         self.client_context = client
         self.log_file = log_file
         self._log_stream = log_stream
+        self._webhook = webhook
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._runner = web.AppRunner(app, access_log=None)
-        self.port = self._call(self._start(context))
-
-    async def _start(self, context: ssl.SSLContext) -> int:
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=context)
-        await site.start()
-        return self._runner.addresses[0][1]
+        self.port = self._call(webhook.start("127.0.0.1", 0))
 
     def _call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
 
     def stop(self) -> None:
-        self._call(self._runner.cleanup())
+        self._call(self._webhook.stop())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
         self._loop.close()
@@ -169,8 +162,8 @@ def start_server(secret: SecretVolume, client: ssl.SSLContext, log_file: Path,
     stream = log_file.open("ab")
     log = make_logger(stream)
     certificates = CertificateReloader(secret.cert_file, secret.key_file, log)
-    app = build_app(config or Config(), certificates, log, RELOAD_INTERVAL)
-    return RunningServer(app, certificates.context, client, log_file, stream)
+    webhook = WebhookServer(config or Config(), certificates, log, RELOAD_INTERVAL)
+    return RunningServer(webhook, client, log_file, stream)
 
 
 @pytest.fixture

@@ -206,6 +206,14 @@ def test_a_delete_whose_object_is_not_a_pod_body_is_allowed(server: RunningServe
 
 # --- health, readiness, metrics, logs ------------------------------------------------------
 
+def test_other_paths_and_methods_are_refused_with_what_is_served(server: RunningServer) -> None:
+    status, body = server.request("GET", "/")
+    assert (status, body) == (404, b"not found: this server answers POST /mutate, GET /healthz, "
+                                   b"/readyz and /metrics\n")
+    assert server.request("GET", "/mutate") == (405, b"/mutate takes POST only\n")
+    assert server.request("POST", "/healthz", b"{}")[0] == 405
+
+
 def test_healthz_and_readyz_answer_ok(server: RunningServer) -> None:
     assert server.request("GET", "/healthz") == (200, b"ok\n")
     assert server.request("GET", "/readyz") == (200, b"ok\n")
