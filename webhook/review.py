@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import msgspec
@@ -111,7 +110,7 @@ def render_response(uid: str, decision: Decision) -> bytes:
         response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message}
     if decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(_ENCODER.encode(decision.patch)).decode()
+        response["patch"] = _ENCODER.encode(decision.patch)  # bytes: encoded as base64
     if decision.warnings:
         response["warnings"] = decision.warnings
     return _RESPONSE_START + _ENCODER.encode(response) + b"}"
