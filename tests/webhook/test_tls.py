@@ -224,7 +224,7 @@ def test_certificates_rotate_under_load_with_no_failed_request(
     finally:
         load.stop()
     assert load.failures == []
-    assert load.answered > 50
+    assert load.answered > 20
     assert first != second.certificate.serial_number
     reasons = [r["reason"] for r in rejections(server)]
     assert "the key does not belong" in reasons[0]
@@ -256,16 +256,17 @@ def rejections(server: RunningServer) -> list[dict[str, Any]]:
 def test_readyz_fails_once_the_served_certificate_has_expired(tmp_path: Path) -> None:
     ca = make_ca("short-lived CA")
     volume = SecretVolume(tmp_path / "secret")
-    volume.write_pair(serving_pair(ca, starts=timedelta(seconds=-1),
-                                   valid_for=timedelta(seconds=3)))
-    # A probe does not verify the certificate, and this one will have expired.
+    pair = serving_pair(ca, starts=timedelta(seconds=-1), valid_for=timedelta(seconds=5))
+    volume.write_pair(pair)
+    # A probe does not verify the certificate, and this one will expire.
     probe = ssl.create_default_context()
     probe.check_hostname = False
     probe.verify_mode = ssl.CERT_NONE
     running = start_server(volume, probe, tmp_path / "log")
     try:
         assert running.request("GET", "/readyz")[0] == 200
-        time.sleep(2.5)
+        left = (pair.certificate.not_valid_after_utc - datetime.now(timezone.utc))
+        time.sleep(left.total_seconds() + 0.2)
         assert running.request("GET", "/readyz") == (503, b"the serving certificate has expired\n")
         assert running.request("GET", "/healthz") == (200, b"ok\n")
     finally:
