@@ -29,6 +29,8 @@ COPY --from=wheel /wheels/ /tmp/wheels/
 RUN pip install --no-cache-dir /tmp/wheels/*.whl && rm -rf /tmp/wheels
 # Where the node installer finds the library (the same path it uses on the host).
 COPY --from=shim /out/libvcuda.so /usr/local/vcuda/lib/libvcuda.so
+# The runtime configuration that vcuda-node install renders onto each node.
+COPY manifests/node/ /usr/local/share/vcuda/node/
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 65532:65532
 ENTRYPOINT []

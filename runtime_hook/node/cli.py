@@ -1,0 +1,221 @@
+"""The ``vcuda-node`` command line: ``install``, ``uninstall`` and ``run``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+
+from runtime_hook.hook_cli import DEFAULT_STATE_DIR
+from runtime_hook.node.logs import LEVELS, event, setup
+from runtime_hook.node.runtime_config import DEFAULT_PREFIX, RUNTIMES
+
+DEFAULT_PORT = 9400
+
+_DESCRIPTION = """\
+The node agent of vcuda, run on each GPU node by the vcuda-node DaemonSet.
+
+  install     put libvcuda.so and the OCI hook under PREFIX on the host, and give
+              the container runtime (containerd or CRI-O) its vcuda handler
+  uninstall   remove exactly what install wrote
+  run         keep the GPU inventory that the hook reads and the node's
+              <domain>/vcuda-core and <domain>/vcuda-memory resources in step with
+              the GPUs, and serve per-container GPU metrics for Prometheus
+
+Paths are the node's; --host-root says where the node's root is mounted
+(/host in the DaemonSet). Logs are JSON lines on stderr.
+"""
+
+_RUN_EPILOG = """\
+metrics (http://ADDRESS:PORT/metrics), labels namespace, pod, container, node, gpu, uuid:
+  vcuda_container_memory_limit_bytes, vcuda_container_memory_used_bytes,
+  vcuda_container_core_limit_ratio, vcuda_container_core_used_ratio,
+  vcuda_container_processes; per GPU (node, gpu, uuid): vcuda_gpu_memory_total_bytes,
+  vcuda_gpu_memory_used_bytes, vcuda_gpu_memory_limit_bytes, vcuda_gpu_core_used_ratio,
+  vcuda_gpu_core_limit_ratio, vcuda_gpu_containers; vcuda_node_collect_errors_total.
+
+example, on a GPU machine without Kubernetes (commands started by vcuda-run):
+  vcuda-node run --no-advertise --vcuda-run-dir /tmp --port 9400
+"""
+
+
+def _scaling(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number in (0, 100], e.g. 1.5")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, at least 1")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0..65535; 0: any free)")
+    return int(text)
+
+
+def _absolute(text: str) -> str:
+    if not os.path.isabs(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an absolute path")
+    return os.path.normpath(text)
+
+
+def _common(parser: argparse.ArgumentParser, state_dir: bool = True) -> None:
+    parser.add_argument("--host-root", type=_absolute, default="/", metavar="DIR",
+                        help="where the node's root filesystem is mounted (default: /)")
+    if state_dir:
+        parser.add_argument("--state-dir", type=_absolute, default=DEFAULT_STATE_DIR,
+                            metavar="DIR", help="the hook's state dir on the node: its ledger "
+                            f"and the GPU inventory gpus.json (default: {DEFAULT_STATE_DIR})")
+    parser.add_argument("--log-level", choices=LEVELS, default="info")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vcuda-node", description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    restart = {"action": argparse.BooleanOptionalAction, "default": True,
+               "help": "restart the runtime (systemctl, on the node) when its vcuda handler "
+                       "changed (default: yes)"}
+    install = commands.add_parser("install", help="install the shim, the hook and the handler",
+                                  description="Install, update, or finish an interrupted install. "
+                                  "Idempotent: files already right are left alone.")
+    _common(install)
+    install.add_argument("--prefix", type=_absolute, default=DEFAULT_PREFIX, metavar="DIR",
+                         help=f"where the shim and the hook go on the node (default: "
+                              f"{DEFAULT_PREFIX})")
+    install.add_argument("--runtime", choices=("auto", *RUNTIMES, "none"), default="auto",
+                         help="the node's container runtime; auto: the one whose /etc "
+                              "directory exists; none: only the shim and the hook")
+    install.add_argument("--library", metavar="FILE",
+                         help="libvcuda.so to install (default: this checkout's cshim build, "
+                              "else the image's /usr/local/vcuda/lib/libvcuda.so)")
+    install.add_argument("--node-config", metavar="DIR",
+                         help="manifests/node, whose files configure the runtime (default: "
+                              "this checkout's, else the image's /usr/local/share/vcuda/node)")
+    install.add_argument("--memory-scaling", type=_scaling, default=1.0, metavar="X",
+                         help="share of each GPU's memory the hook lets limited containers "
+                              "commit; give run the same value (default: 1)")
+    install.add_argument("--restart-runtime", **restart)
+
+    uninstall = commands.add_parser("uninstall", help="remove what install wrote",
+                                    description="Remove what install wrote, as its record "
+                                    "PREFIX/installed.json lists, and nothing else.")
+    _common(uninstall, state_dir=False)
+    uninstall.add_argument("--prefix", type=_absolute, default=DEFAULT_PREFIX, metavar="DIR",
+                           help=f"the install's prefix (default: {DEFAULT_PREFIX})")
+    uninstall.add_argument("--restart-runtime", **restart)
+
+    agent = commands.add_parser("run", help="advertise the GPUs and serve metrics",
+                                description="Advertise the node's GPUs and serve metrics "
+                                "until stopped (SIGTERM).", epilog=_RUN_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(agent)
+    agent.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME",
+                       help="this node's name in Kubernetes (default: $NODE_NAME)")
+    agent.add_argument("--domain", action="append", metavar="DOMAIN",
+                       help="resource domain to advertise, repeatable (default: the "
+                            "webhook's default domains, docker.com and tencent.com)")
+    agent.add_argument("--memory-scaling", type=_scaling, default=1.0, metavar="X",
+                       help="advertise each GPU's memory times X, as install gave the hook "
+                            "(default: 1)")
+    agent.add_argument("--address", default="0.0.0.0", help="metrics address (default: all)")
+    agent.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                       help=f"metrics port (default: {DEFAULT_PORT})")
+    agent.add_argument("--interval", type=_seconds, default=30.0, metavar="SECONDS",
+                       help="how often the GPUs are read and the node checked (default: 30)")
+    agent.add_argument("--vcuda-run-dir", action="append", default=[], type=_absolute,
+                       metavar="DIR", help="also observe vcuda-run commands that keep their "
+                       "files in DIR (their $TMPDIR, e.g. /tmp), repeatable")
+    agent.add_argument("--advertise", action=argparse.BooleanOptionalAction, default=True,
+                       help="patch the node's status (default: yes; --no-advertise: no "
+                            "Kubernetes at all)")
+    agent.add_argument("--kubeconfig", metavar="FILE",
+                       help="credentials (default: the pod's service account)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``vcuda-node``; return its exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    log = setup(args.log_level)
+    if args.command == "run":
+        return _run(parser, args, log)
+    from runtime_hook.node import install
+
+    options = install.Options(
+        host_root=args.host_root,
+        prefix=args.prefix,
+        state_dir=getattr(args, "state_dir", DEFAULT_STATE_DIR),
+        runtime=getattr(args, "runtime", "none"),
+        library=getattr(args, "library", None),
+        node_config=getattr(args, "node_config", None),
+        memory_scaling=getattr(args, "memory_scaling", 1.0),
+        restart=args.restart_runtime,
+    )
+    action = install.install if args.command == "install" else install.uninstall
+    try:
+        action(options, log)
+    except (install.InstallError, OSError) as exc:
+        event(log, logging.ERROR, f"{args.command}_failed", error=str(exc))
+        print(f"vcuda-node {args.command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging.Logger) -> int:
+    from runtime_hook.node import agent
+
+    domains: tuple[str, ...] = ()
+    if args.advertise:
+        if not args.node_name:
+            parser.error("run: --node-name (or $NODE_NAME) is needed to advertise; "
+                         "--no-advertise runs without Kubernetes")
+        from webhook.config import Config, ConfigError
+
+        try:
+            domains = Config(domains=tuple(args.domain)).domains if args.domain else \
+                Config().domains
+        except ConfigError as exc:
+            parser.error(f"run: --domain: {exc}")
+    settings = agent.Settings(
+        host_root=args.host_root,
+        state_dir=args.state_dir,
+        node=args.node_name or socket.gethostname(),
+        domains=domains,
+        memory_scaling=args.memory_scaling,
+        address=args.address,
+        port=args.port,
+        interval=args.interval,
+        run_dirs=args.vcuda_run_dir,
+        advertise=args.advertise,
+        kubeconfig=args.kubeconfig,
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        agent.run(settings, log, stop)
+    except (OSError, RuntimeError) as exc:  # credentials, a port in use: one line to act on
+        event(log, logging.ERROR, "run_failed", error=str(exc))
+        print(f"vcuda-node run: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,72 @@
+"""The agent's logs: JSON lines on stderr, and problems logged once rather than at every scrape."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+LOGGER = "vcuda-node"
+LEVELS = ("debug", "info", "warning", "error")
+
+
+class _JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created)),
+            "level": record.levelname.lower(),
+            "event": record.getMessage(),
+        }
+        line.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def setup(level: str) -> logging.Logger:
+    """Send the agent's logs to stderr as JSON lines at ``level`` and above; return its logger."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_JsonLines())
+    log = logging.getLogger(LOGGER)
+    log.handlers[:] = [handler]
+    log.setLevel(level.upper())
+    log.propagate = False
+    return log
+
+
+def event(log: logging.Logger, level: int, name: str, **fields: Any) -> None:
+    """Log the event ``name`` with ``fields`` as keys of its line."""
+    log.log(level, name, extra={"fields": fields})
+
+
+class Problems:
+    """Bad data met while collecting, logged when it appears, changes or goes away.
+
+    A scrape every 15 s would otherwise repeat the same warning forever. Call
+    :meth:`cycle_done` at the end of each pass; ``counts`` holds how often each
+    source failed, for the agent's own metrics.
+    """
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self._active: dict[str, str] = {}
+        self._seen: set[str] = set()
+        self.counts: Counter[str] = Counter()
+
+    def report(self, source: str, key: str, message: str) -> None:
+        """Note that ``key`` (one file, one GPU, ...) of ``source`` is unusable, and why."""
+        self.counts[source] += 1
+        self._seen.add(key)
+        if self._active.get(key) != message:
+            self._active[key] = message
+            event(self.log, logging.WARNING, "skipped", source=source, what=key, reason=message)
+
+    def cycle_done(self) -> None:
+        """End one pass: problems not reported in it are resolved."""
+        for key in [k for k in self._active if k not in self._seen]:
+            del self._active[key]
+            event(self.log, logging.INFO, "recovered", what=key)
+        self._seen = set()

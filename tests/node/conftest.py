@@ -1,0 +1,31 @@
+"""Fixtures of the node agent's tests: fake nodes for the installer, a stand-in library."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.node.nodes import Node, make_node
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    """A containerd 1.7 node (config version 2, no imports) with Python, sh and systemctl."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("the installer's tests need root and unshare (a private mount namespace)")
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no /usr/bin/python3 to stand for the node's Python")
+    fake = make_node(tmp_path / "node")
+    fake.write("/etc/containerd/config.toml", 'version = 2\n\n[plugins."io.containerd.cri"]\n')
+    return fake
+
+
+@pytest.fixture
+def library(tmp_path: Path) -> Path:
+    """A file that stands for libvcuda.so: the installer only copies it."""
+    path = tmp_path / "libvcuda.so"
+    path.write_bytes(b"\x7fELF stand-in for libvcuda.so\n")
+    return path
