@@ -16,8 +16,10 @@ from runtime_hook.limits_file import CONTAINER_PATH, Limits, LimitsFormatError, 
 LIMITS_ENV = "VCUDA_LIMITS_FILE"
 LIBRARY_ENV = "VCUDA_LIBRARY"
 _SYSTEM_LIBRARIES = ("/usr/local/lib/vcuda/libvcuda.so", "/usr/lib/vcuda/libvcuda.so")
-_DIR_PREFIX = "vcuda-run-"
-_OWNER_FILE = "owner"
+# Each command's private directory under $TMPDIR: the node agent finds running commands by these.
+DIR_PREFIX = "vcuda-run-"
+OWNER_FILE = "owner"
+LIMITS_FILE = "limits"
 _UNITS = {
     "": 1,
     "k": 1000,
@@ -108,11 +110,11 @@ def _start_time(pid: int) -> str | None:
 
 def _sweep_stale_dirs(base: Path) -> None:
     """Remove the directories of earlier vcuda-run commands whose process has ended."""
-    for directory in base.glob(_DIR_PREFIX + "*"):
+    for directory in base.glob(DIR_PREFIX + "*"):
         try:
             if directory.stat().st_uid != os.getuid():
                 continue
-            pid, start = (directory / _OWNER_FILE).read_text().split()
+            pid, start = (directory / OWNER_FILE).read_text().split()
         except (OSError, ValueError):
             continue
         if _start_time(int(pid)) != start:
@@ -120,7 +122,7 @@ def _sweep_stale_dirs(base: Path) -> None:
 
 
 def _write_limits(limits: Limits, directory: Path) -> Path:
-    path = directory / "limits"
+    path = directory / LIMITS_FILE
     path.write_text(render(limits))
     path.chmod(0o444)
     return path
@@ -177,12 +179,12 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
     base = Path(tempfile.gettempdir())
     _sweep_stale_dirs(base)
-    directory = Path(tempfile.mkdtemp(prefix=_DIR_PREFIX, dir=base))
+    directory = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base))
     try:
         account = args.account or str(directory / "account")
         limits = Limits(memory=memory, cores=args.cores, devices=devices, account=account)
         path = _write_limits(limits, directory)
-        (directory / _OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        (directory / OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise

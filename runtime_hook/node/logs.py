@@ -26,9 +26,20 @@ class _JsonLines(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+class _Stderr(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is when a line is written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # logging must never take the agent down
+            self.handleError(record)
+
+
 def setup(level: str) -> logging.Logger:
     """Send the agent's logs to stderr as JSON lines at ``level`` and above; return its logger."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(_JsonLines())
     log = logging.getLogger(LOGGER)
     log.handlers[:] = [handler]

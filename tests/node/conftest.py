@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.node.nodes import Node, make_node
+from tests.shim.conftest import gpu, shim_build, two_gpus  # noqa: F401 - a real shim's accounts
 
 
 @pytest.fixture

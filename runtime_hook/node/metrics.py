@@ -1,0 +1,110 @@
+"""The agent's Prometheus endpoint: gauges of each container and each GPU, built at every scrape."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from runtime_hook.node.logs import Problems, event
+from runtime_hook.node.observe import Observer, Snapshot
+
+CONTAINER_LABELS = ("namespace", "pod", "container", "node", "gpu", "uuid")
+GPU_LABELS = ("node", "gpu", "uuid")
+
+_CONTAINER = {
+    "memory_limit_bytes": "GPU memory the container may use on this GPU.",
+    "memory_used_bytes": "GPU memory the container's processes hold on this GPU "
+    "(the shim's shared account).",
+    "core_limit_ratio": "Share of this GPU's compute the container may use (vcuda-core / 100).",
+    "core_used_ratio": "Share of this GPU's compute the container's processes use now "
+    "(NVML per-process SM utilization, summed).",
+    "processes": "Processes of the container that hold memory on this GPU.",
+}
+_GPU = {
+    "memory_total_bytes": "The GPU's memory.",
+    "memory_used_bytes": "Memory in use on the GPU, by any process (NVML).",
+    "memory_limit_bytes": "Sum of the memory limits of the limited containers on the GPU.",
+    "core_used_ratio": "Share of time the GPU was busy (NVML utilization).",
+    "core_limit_ratio": "Sum of the compute limits of the limited containers on the GPU.",
+    "containers": "Limited containers on the GPU.",
+}
+
+
+def families(snapshot: Snapshot, node: str, errors: Counter[str]) -> list[Metric]:
+    """The metric families of ``snapshot`` on ``node``, with ``errors`` counted by source."""
+    per_container = {
+        key: GaugeMetricFamily(f"vcuda_container_{key}", text, labels=CONTAINER_LABELS)
+        for key, text in _CONTAINER.items()
+    }
+    per_gpu = {
+        key: GaugeMetricFamily(f"vcuda_gpu_{key}", text, labels=GPU_LABELS)
+        for key, text in _GPU.items()
+    }
+    totals: dict[tuple[str, str], Counter[str]] = {}
+    for gpu in snapshot.gpus:
+        labels = [node, str(gpu.index), gpu.uuid]
+        per_gpu["memory_total_bytes"].add_metric(labels, gpu.memory_total)
+        per_gpu["memory_used_bytes"].add_metric(labels, gpu.memory_used)
+        if gpu.utilization is not None:
+            per_gpu["core_used_ratio"].add_metric(labels, gpu.utilization / 100)
+        totals[(str(gpu.index), gpu.uuid)] = Counter()
+    for usage in snapshot.usages:
+        workload, index = usage.workload, "" if usage.index is None else str(usage.index)
+        labels = [workload.namespace, workload.pod, workload.container, node, index, usage.uuid]
+        values = {
+            "memory_limit_bytes": workload.memory,
+            "memory_used_bytes": usage.memory_used,
+            "core_limit_ratio": workload.cores / 100,
+            "core_used_ratio": usage.core_used,
+            "processes": usage.processes,
+        }
+        for key, value in values.items():
+            if value is not None:
+                per_container[key].add_metric(labels, value)
+        total = totals.setdefault((index, usage.uuid), Counter())
+        total.update(memory_limit_bytes=workload.memory, core_limit_ratio=workload.cores / 100)
+        total.update(containers=1)
+    for (index, uuid), total in totals.items():
+        for key in ("memory_limit_bytes", "core_limit_ratio", "containers"):
+            per_gpu[key].add_metric([node, index, uuid], total[key])
+    failures = CounterMetricFamily(
+        "vcuda_node_collect_errors",
+        "Data the agent had to skip (see its log), by source.",
+        labels=["source"],
+    )
+    for source, count in sorted(errors.items()):
+        failures.add_metric([source], count)
+    return [*per_container.values(), *per_gpu.values(), failures]
+
+
+class NodeCollector(Collector):
+    """Takes a snapshot at each scrape; one scrape at a time."""
+
+    def __init__(self, observer: Observer, node: str, problems: Problems) -> None:
+        self._observer = observer
+        self._node = node
+        self._problems = problems
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            try:
+                snapshot = self._observer.snapshot()
+            except Exception as exc:  # a scrape must still be answered
+                event(self._problems.log, logging.ERROR, "snapshot_failed", error=repr(exc))
+                self._problems.counts["agent"] += 1
+                snapshot = Snapshot([], [])
+            yield from families(snapshot, self._node, self._problems.counts)
+
+
+def serve(collector: NodeCollector, address: str, port: int) -> tuple[object, threading.Thread]:
+    """Serve ``collector`` on http://address:port/metrics in a thread; return (server, thread)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return start_http_server(port, addr=address, registry=registry)

@@ -1,0 +1,118 @@
+"""The node's GPUs through NVML (``pynvml``): which there are, their memory, who keeps them busy.
+
+NVML is started on first use and again after it failed (a driver that is
+being upgraded, a node without one), so the agent keeps running meanwhile.
+A GPU whose queries fail is left out and reported; the others still count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import namedtuple
+from typing import Any
+
+from runtime_hook.node.logs import Problems
+
+# How old a process's latest utilization sample may be and still count as now.
+UTILIZATION_WINDOW = 2.0
+
+
+class NvmlError(RuntimeError):
+    """NVML cannot be used at the moment; the message says why."""
+
+
+class GpuState(namedtuple("GpuState", "index uuid memory_total memory_used utilization")):
+    """One GPU now: its NVML index and UUID, memory in bytes, and utilization in percent
+    (None where the GPU does not report it)."""
+
+    __slots__ = ()
+
+
+class Nvml:
+    """A thread-safe handle on NVML; ``lib`` is the ``pynvml`` module (or a test double of it)."""
+
+    def __init__(self, lib: Any = None) -> None:
+        self._lib = lib
+        self._lock = threading.Lock()
+        self._started = False
+
+    def gpus(self, problems: Problems) -> list[GpuState]:
+        """Every GPU NVML can read, by index; raise NvmlError when NVML itself fails."""
+        with self._lock:
+            lib = self._start()
+            try:
+                count = lib.nvmlDeviceGetCount()
+            except lib.NVMLError as exc:
+                self._stop()
+                raise NvmlError(f"NVML cannot count the GPUs: {exc}") from None
+            found = []
+            for index in range(count):
+                try:
+                    found.append(self._gpu(lib, index))
+                except lib.NVMLError as exc:
+                    problems.report("nvml", f"GPU {index}", f"NVML: {exc}")
+            return found
+
+    def process_utilization(self, index: int, now: float | None = None) -> dict[int, int]:
+        """SM utilization in percent of each process busy on GPU ``index``, by host pid.
+
+        Each process's latest NVML sample from the last ``UTILIZATION_WINDOW``
+        seconds; NVML only has samples of processes that were busy.
+        """
+        since = int(((time.time() if now is None else now) - UTILIZATION_WINDOW) * 1e6)
+        with self._lock:
+            lib = self._start()
+            try:
+                handle = lib.nvmlDeviceGetHandleByIndex(index)
+                samples = lib.nvmlDeviceGetProcessUtilization(handle, since)
+            except lib.NVMLError_NotFound:
+                return {}  # no process was busy
+            except lib.NVMLError as exc:
+                raise NvmlError(f"NVML per-process utilization of GPU {index}: {exc}") from None
+        latest: dict[int, tuple[int, int]] = {}
+        for sample in samples:
+            if sample.timeStamp > latest.get(sample.pid, (-1, 0))[0]:
+                latest[sample.pid] = (sample.timeStamp, sample.smUtil)
+        return {pid: util for pid, (_, util) in latest.items()}
+
+    def close(self) -> None:
+        """Stop NVML if it was started."""
+        with self._lock:
+            self._stop()
+
+    def _start(self) -> Any:
+        if self._lib is None:
+            try:
+                import pynvml
+            except ImportError:
+                raise NvmlError("pynvml is not installed (pip install nvidia-ml-py)") from None
+            self._lib = pynvml
+        lib = self._lib
+        if not self._started:
+            try:
+                lib.nvmlInit()
+            except lib.NVMLError as exc:
+                raise NvmlError(f"NVML cannot start: {exc}") from None
+            self._started = True
+        return lib
+
+    def _stop(self) -> None:
+        if self._started:
+            self._started = False
+            with contextlib.suppress(self._lib.NVMLError):  # it failed: restarting it is the fix
+                self._lib.nvmlShutdown()
+
+    @staticmethod
+    def _gpu(lib: Any, index: int) -> GpuState:
+        handle = lib.nvmlDeviceGetHandleByIndex(index)
+        uuid = lib.nvmlDeviceGetUUID(handle)
+        memory = lib.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            utilization: int | None = lib.nvmlDeviceGetUtilizationRates(handle).gpu
+        except lib.NVMLError_NotSupported:
+            utilization = None
+        if isinstance(uuid, bytes):  # nvidia-ml-py before 11.515 returned bytes
+            uuid = uuid.decode()
+        return GpuState(index, uuid, memory.total, memory.used, utilization)

@@ -1,0 +1,128 @@
+"""One picture of the node: each GPU, and on it each workload's limits and use.
+
+Memory use is read from the workload's shared account, counting only the
+slots of processes that still run (the shim frees a dead process's slot
+lazily). Compute use is NVML's per-process SM utilization summed over those
+same processes, whose account pids are turned into host pids through their
+pid namespace (:mod:`runtime_hook.node.processes`). Whatever cannot be read
+is reported to :class:`~runtime_hook.node.logs.Problems` and left out; the
+rest of the picture stands.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+from runtime_hook.node import account, processes, workloads
+from runtime_hook.node.logs import Problems
+from runtime_hook.node.nvml import Nvml, NvmlError
+
+
+class Usage(namedtuple("Usage", "workload uuid index memory_used core_used processes")):
+    """One workload on one GPU: ``index`` (None when NVML does not know the UUID), memory in
+    use in bytes, compute in use as a ratio of the GPU (None when NVML cannot tell), and how
+    many of its processes hold memory there. ``memory_used`` and ``processes`` are None when
+    its account cannot be read."""
+
+    __slots__ = ()
+
+
+class Snapshot(namedtuple("Snapshot", "gpus usages")):
+    """The GPUs NVML reads (``GpuState`` list) and the ``Usage`` of every workload."""
+
+    __slots__ = ()
+
+
+class Observer:
+    """Takes snapshots of the node; ``run_dirs`` are where vcuda-run commands keep their files."""
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        problems: Problems,
+        host_root: str = "/",
+        state_dir: str = "/run/vcuda",
+        run_dirs: tuple[str, ...] = (),
+    ) -> None:
+        self._nvml = nvml
+        self.problems = problems
+        self._host_root = host_root
+        self._state_dir = state_dir
+        self._run_dirs = list(run_dirs)
+        self._indices: dict[str, int] = {}  # UUID -> index, kept while NVML is away
+
+    def snapshot(self) -> Snapshot:
+        """Look at the node now."""
+        problems = self.problems
+        try:
+            gpus = self._nvml.gpus(problems)
+            self._indices = {gpu.uuid: gpu.index for gpu in gpus}
+        except NvmlError as exc:
+            problems.report("nvml", "NVML", str(exc))
+            gpus = []
+        found = workloads.containers(self._host_root, self._state_dir, problems)
+        found += workloads.commands(self._host_root, self._run_dirs, problems)
+        namespaces = {w: processes.pid_namespace(w.pid) for w in found}
+        by_namespace = processes.index(ns for ns in namespaces.values() if ns is not None)
+        utilization = _Utilization(self._nvml, problems)
+        usages = []
+        for workload in found:
+            live = by_namespace.get(namespaces[workload], {})
+            usages += self._usages(workload, live, utilization)
+        problems.cycle_done()
+        return Snapshot(gpus, usages)
+
+    def _usages(
+        self,
+        workload: workloads.Workload,
+        live: dict[int, processes.Process],
+        utilization: _Utilization,
+    ) -> list[Usage]:
+        """``workload``'s use of each of its GPUs; ``live`` are its processes by account pid."""
+        try:
+            held = account.read(workload.account) or account.Account((), ())
+        except account.AccountError as exc:
+            self.problems.report("account", workload.account, str(exc))
+            held = None
+        devices = dict.fromkeys((*workload.devices, *(held.devices if held else ())))
+        if held is None:  # limits only
+            return [Usage(workload, u, self._indices.get(u), None, None, None) for u in devices]
+        slots = [s for s in held.slots if live.get(s.pid, (0, None))[1] == s.start_time]
+        used = held.used({(s.pid, s.start_time) for s in slots})
+        host_pids = [live[s.pid].host_pid for s in slots]
+        usages = []
+        for uuid in devices:
+            index = self._indices.get(uuid)
+            busy = utilization.of(index) if index is not None else None
+            core_used = None if busy is None else sum(busy.get(p, 0) for p in host_pids) / 100
+            on_it = held.devices.index(uuid) if uuid in held.devices else None
+            usages.append(
+                Usage(
+                    workload=workload,
+                    uuid=uuid,
+                    index=index,
+                    memory_used=used.get(uuid, 0),
+                    core_used=core_used,
+                    processes=0 if on_it is None else sum(1 for s in slots if s.used[on_it]),
+                )
+            )
+        return usages
+
+
+class _Utilization:
+    """Per-process utilization of each GPU, asked of NVML at most once per snapshot."""
+
+    def __init__(self, nvml: Nvml, problems: Problems) -> None:
+        self._nvml = nvml
+        self.problems = problems
+        self._by_index: dict[int, dict[int, int] | None] = {}
+
+    def of(self, index: int) -> dict[int, int] | None:
+        if index not in self._by_index:
+            try:
+                self._by_index[index] = self._nvml.process_utilization(index)
+            except NvmlError as exc:
+                self.problems.report("nvml", f"GPU {index} utilization", str(exc))
+                self._by_index[index] = None
+        return self._by_index[index]
+

@@ -1,0 +1,138 @@
+"""What runs under the shim here: limited containers (the hook's ledger) and vcuda-run commands.
+
+A container comes from its ledger record; its account is the file the shim
+creates in the record's ``account/`` tmpfs. A standalone command comes from
+the private directory ``vcuda-run`` keeps under its ``$TMPDIR`` while the
+command runs (its ``owner`` and ``limits``). Either is reported only while
+its first process lives: a container that ended, or a record left by one
+that died, disappears at once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+
+from runtime_hook import inject, ledger, run
+from runtime_hook.limits_file import LimitsFormatError, parse
+from runtime_hook.node.logs import Problems
+from runtime_hook.node_state import ACCOUNT_DIR, StateDir, process_start_time
+
+_ACCOUNT_NAME = os.path.basename(inject.ACCOUNT_FILE)
+_MAX_LIMITS = 64 << 10
+
+_FIELDS = "namespace pod container memory cores devices account pid start_time"
+
+
+class Workload(namedtuple("Workload", _FIELDS)):
+    """One container, or one vcuda-run command, held to limits by the shim.
+
+    Its labels (``namespace``, ``pod``, ``container``; a command has only
+    ``container``, ``vcuda-run-<pid>``), ``memory`` in bytes and ``cores`` in
+    percent on each of ``devices`` (UUIDs; empty: whatever it uses), the host
+    path of its ``account``, and its first process (``pid``, ``start_time``).
+    """
+
+    __slots__ = ()
+
+
+def containers(host_root: str, state_dir: str, problems: Problems) -> list[Workload]:
+    """The running limited containers of the ledger in ``state_dir`` (a path on the host)."""
+    state = StateDir(_on_host(host_root, state_dir))
+    try:
+        names = {n for n in os.listdir(state.containers) if not n.startswith(".")}
+    except FileNotFoundError:
+        return []  # no limited container ever started here
+    found = []
+    for entry in ledger.entries(state):
+        names.discard(entry.container_id)
+        if process_start_time(entry.pid) != entry.start_time:
+            continue  # ended; its poststop (or the next prestart) releases the record
+        record = state.container_dir(entry.container_id)
+        found.append(
+            Workload(
+                namespace=entry.namespace,
+                pod=entry.pod,
+                container=entry.container,
+                memory=entry.memory,
+                cores=entry.cores,
+                devices=entry.devices,
+                account=os.path.join(record, ACCOUNT_DIR, _ACCOUNT_NAME),
+                pid=entry.pid,
+                start_time=entry.start_time,
+            )
+        )
+    for name in sorted(names):  # listed, yet ledger.entries could not read them
+        problems.report("ledger", f"ledger record {name}", "unreadable: damaged, or being removed")
+    return found
+
+
+def commands(host_root: str, directories: list[str], problems: Problems) -> list[Workload]:
+    """The running vcuda-run commands whose private directories are in ``directories``."""
+    found = []
+    accounts: set[str] = set()
+    for directory in directories:
+        base = _on_host(host_root, directory)
+        try:
+            names = sorted(n for n in os.listdir(base) if n.startswith(run.DIR_PREFIX))
+        except OSError as exc:
+            problems.report("vcuda-run", base, f"cannot list: {exc.strerror}")
+            continue
+        for name in names:
+            path = os.path.join(base, name)
+            try:
+                workload = _command(host_root, path)
+            except (OSError, ValueError) as exc:
+                problems.report("vcuda-run", path, str(exc))
+                continue
+            # Commands given one --account share it: report it once.
+            if workload is not None and workload.account not in accounts:
+                accounts.add(workload.account)
+                found.append(workload)
+    return found
+
+
+def _command(host_root: str, path: str) -> Workload | None:
+    owner = _read_small(os.path.join(path, run.OWNER_FILE))
+    if owner is None:
+        return None  # being created, or swept
+    pid, start_time = (int(word) for word in owner.split())
+    if process_start_time(pid) != start_time:
+        return None  # ended; the next vcuda-run sweeps the directory
+    text = _read_small(os.path.join(path, run.LIMITS_FILE))
+    if text is None:
+        return None
+    try:
+        limits = parse(text.decode("utf-8"))
+    except (LimitsFormatError, UnicodeDecodeError) as exc:
+        raise ValueError(f"limits file: {exc}") from None
+    if not limits.account:
+        raise ValueError("limits file names no account")
+    return Workload(
+        namespace="",
+        pod="",
+        container=f"vcuda-run-{pid}",
+        memory=limits.memory,
+        cores=limits.cores,
+        devices=limits.devices,
+        account=_on_host(host_root, limits.account),
+        pid=pid,
+        start_time=start_time,
+    )
+
+
+def _read_small(path: str) -> bytes | None:
+    """A file a user may own: never follow a symlink, never read more than a limits file holds."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, _MAX_LIMITS)
+    finally:
+        os.close(fd)
+
+
+def _on_host(host_root: str, path: str) -> str:
+    """``path`` of the host, as this process sees it under ``host_root``."""
+    return os.path.join(host_root, path.lstrip("/"))

@@ -1,0 +1,254 @@
+"""The metrics endpoint, scraped over HTTP and read with prometheus_client's parser.
+
+Containers are real processes in pid namespaces of their own with ledger
+records as the hook writes them; their accounts follow the shim's layout;
+NVML is the pynvml double.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime_hook.limits_file import Limits
+from runtime_hook.node.logs import Problems, setup
+from runtime_hook.node.metrics import NodeCollector, serve
+from runtime_hook.node.nvml import Nvml
+from runtime_hook.node.observe import Observer
+from runtime_hook.node_state import process_start_time
+from tests.node.accounts import SIZE, write_account
+from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
+from tests.node.workloads_on_host import (
+    PidNamespace,
+    commit_container,
+    labels,
+    make_vcuda_run_dir,
+    scrape,
+    start_pid_namespace,
+)
+
+MIB = 1 << 20
+GPU0, GPU1 = "GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"
+NODE = "gpu-node-1"
+
+
+class Agent:
+    """The collector served on a free port, over a state dir and a vcuda-run dir."""
+
+    def __init__(self, tmp_path: Path, lib: FakeNvml) -> None:
+        self.state = tmp_path / "state"
+        self.run_dir = tmp_path / "tmp"
+        self.run_dir.mkdir()
+        self.lib = lib
+        self.problems = Problems(logging.getLogger("vcuda-node"))
+        observer = Observer(Nvml(lib), self.problems, "/", str(self.state), (str(self.run_dir),))
+        self.server, self.thread = serve(NodeCollector(observer, NODE, self.problems),
+                                         "127.0.0.1", 0)
+
+    def scrape(self) -> dict:
+        return scrape(self.server.server_port)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def devices() -> list[FakeDevice]:
+    return [FakeDevice(GPU0, 16 * GIB, 5 * GIB, 70), FakeDevice(GPU1, 40 * GIB, 1 * GIB, 10)]
+
+
+@pytest.fixture
+def agent(tmp_path: Path, devices: list[FakeDevice],
+          capsys: pytest.CaptureFixture[str]) -> Iterator[Agent]:
+    if os.geteuid() != 0:
+        pytest.skip("pid namespaces need root")
+    setup("debug")  # after capsys: the log lines are the test's to read
+    running = Agent(tmp_path, FakeNvml(devices))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def container() -> Iterator[PidNamespace]:
+    namespace = start_pid_namespace(children=2)
+    yield namespace
+    namespace.stop()
+
+
+def _worker(container: str = "worker") -> frozenset:
+    """The labels of a container of pod team/train-0 on GPU0."""
+    return labels(namespace="team", pod="train-0", container=container, node=NODE, gpu="0",
+                  uuid=GPU0)
+
+
+def _gpu(index: int, uuid: str) -> frozenset:
+    return labels(node=NODE, gpu=str(index), uuid=uuid)
+
+
+def _limited_container(agent: Agent, container: PidNamespace, cid: str = "c0ffee") -> Path:
+    """The worker: 4 GiB and 30% of GPU0; its two children hold 1 GiB and 512 MiB."""
+    account = commit_container(agent.state, cid, container.init, 4 * GIB, 30, (GPU0,))
+    write_account(account, [GPU0], [
+        (container.ns_pids[1], container.start_time(1), [GIB]),
+        (container.ns_pids[2], container.start_time(2), [512 * MIB]),
+        (4000, 12345, [2 * GIB]),  # a process that died without freeing its slot
+        (container.ns_pids[1] + 50, container.start_time(1), [GIB]),  # no such process
+    ])
+    return account
+
+
+def test_a_scrape_shows_each_containers_limits_and_use_on_each_gpu(
+    agent: Agent, devices: list[FakeDevice], container: PidNamespace
+) -> None:
+    _limited_container(agent, container)
+    child_1, child_2 = container.host_pids[1:]
+    # NVML numbers processes as the host does; the account as the container does. A host
+    # process whose pid equals a container pid must not count.
+    devices[0].busy = {child_1: 20, child_2: 15, container.ns_pids[1]: 90, 1: 50}
+
+    series = agent.scrape()
+
+    worker = _worker()
+    assert series["vcuda_container_memory_limit_bytes"] == {worker: 4 * GIB}
+    assert series["vcuda_container_memory_used_bytes"] == {worker: GIB + 512 * MIB}
+    assert series["vcuda_container_core_limit_ratio"] == {worker: 0.3}
+    assert series["vcuda_container_core_used_ratio"] == {worker: pytest.approx(0.35)}
+    assert series["vcuda_container_processes"] == {worker: 2}
+    assert series["vcuda_gpu_memory_total_bytes"] == {_gpu(0, GPU0): 16 * GIB,
+                                                      _gpu(1, GPU1): 40 * GIB}
+    assert series["vcuda_gpu_memory_used_bytes"] == {_gpu(0, GPU0): 5 * GIB,
+                                                     _gpu(1, GPU1): GIB}
+    assert series["vcuda_gpu_core_used_ratio"] == {_gpu(0, GPU0): 0.7, _gpu(1, GPU1): 0.1}
+    assert series["vcuda_gpu_memory_limit_bytes"] == {_gpu(0, GPU0): 4 * GIB, _gpu(1, GPU1): 0}
+    assert series["vcuda_gpu_core_limit_ratio"] == {_gpu(0, GPU0): 0.3, _gpu(1, GPU1): 0}
+    assert series["vcuda_gpu_containers"] == {_gpu(0, GPU0): 1, _gpu(1, GPU1): 0}
+
+
+def test_a_vcuda_run_command_is_observed_from_its_private_directory(
+    agent: Agent, devices: list[FakeDevice], tmp_path: Path
+) -> None:
+    with subprocess.Popen(["sleep", "600"]) as command:
+        try:
+            account = tmp_path / "private" / "account"
+            make_vcuda_run_dir(agent.run_dir, command.pid, Limits(
+                memory=2 * GIB, cores=50, devices=(GPU1,), account=str(account)))
+            write_account(account, [GPU1], [
+                (command.pid, process_start_time(command.pid), [256 * MIB])])
+            devices[1].busy = {command.pid: 45}
+            series = agent.scrape()
+        finally:
+            command.kill()
+    run = labels(namespace="", pod="", container=f"vcuda-run-{command.pid}", node=NODE,
+                 gpu="1", uuid=GPU1)
+    assert series["vcuda_container_memory_limit_bytes"] == {run: 2 * GIB}
+    assert series["vcuda_container_memory_used_bytes"] == {run: 256 * MIB}
+    assert series["vcuda_container_core_limit_ratio"] == {run: 0.5}
+    assert series["vcuda_container_core_used_ratio"] == {run: 0.45}
+    assert agent.scrape().get("vcuda_container_memory_limit_bytes", {}) == {}  # it ended
+
+
+def test_a_container_that_ended_disappears_from_the_next_scrape(
+    agent: Agent, container: PidNamespace
+) -> None:
+    _limited_container(agent, container)
+    assert _worker() in agent.scrape()["vcuda_container_memory_used_bytes"]
+    container.stop()  # its record stays until a poststop; the agent must not wait for it
+    series = agent.scrape()
+    assert not any(name.startswith("vcuda_container_") and values
+                   for name, values in series.items())
+    assert series["vcuda_gpu_containers"] == {_gpu(0, GPU0): 0, _gpu(1, GPU1): 0}
+
+
+def test_a_container_whose_processes_never_used_cuda_shows_its_limits_and_no_use(
+    agent: Agent, container: PidNamespace
+) -> None:
+    commit_container(agent.state, "idle", container.init, GIB, 10, (GPU0,))
+    series = agent.scrape()
+    assert series["vcuda_container_memory_limit_bytes"] == {_worker(): GIB}
+    assert series["vcuda_container_memory_used_bytes"] == {_worker(): 0}
+    assert series["vcuda_container_core_used_ratio"] == {_worker(): 0}
+
+
+def _events(capsys: pytest.CaptureFixture[str]) -> list[dict]:
+    return [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+
+
+def test_bad_data_is_logged_once_and_skipped_while_the_rest_is_served(
+    agent: Agent, devices: list[FakeDevice], container: PidNamespace, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _limited_container(agent, container)
+    # A damaged ledger record of a live process, containers whose account is garbage or a
+    # link planted by the container, a vcuda-run directory with a broken limits file, a GPU
+    # that fell off the bus.
+    damaged = agent.state / "containers" / "damaged"
+    damaged.mkdir()
+    (damaged / "owner").write_text(f"{container.init} {container.start_time(0)}\n")
+    (damaged / "entry").write_text("not=a complete entry\n")
+    garbage = commit_container(agent.state, "garbage", container.init, GIB, 10, (GPU0,),
+                               container="garbage")
+    garbage.write_bytes(b"\xff" * SIZE)
+    planted = commit_container(agent.state, "planted", container.init, GIB, 10, (GPU0,),
+                               container="planted")
+    planted.symlink_to("/etc/shadow")
+    broken = agent.run_dir / "vcuda-run-123"
+    broken.mkdir()
+    (broken / "owner").write_text(f"{os.getpid()} {process_start_time(os.getpid())}\n")
+    (broken / "limits").write_text("version=1\nmemory=lots\n")
+    devices[1].lost = True
+
+    first, second = agent.scrape(), agent.scrape()
+
+    for series in (first, second):
+        assert series["vcuda_container_memory_used_bytes"] == {_worker(): GIB + 512 * MIB}
+        limits = series["vcuda_container_memory_limit_bytes"]
+        assert limits[_worker("garbage")] == limits[_worker("planted")] == GIB  # limits stay
+        assert series["vcuda_gpu_memory_total_bytes"] == {_gpu(0, GPU0): 16 * GIB}
+    assert {dict(key)["source"] for key in second["vcuda_node_collect_errors_total"]} == {
+        "ledger", "account", "vcuda-run", "nvml"}
+    skipped = [e for e in _events(capsys) if e["event"] == "skipped"]
+    assert sorted(e["source"] for e in skipped) == ["account", "account", "ledger", "nvml",
+                                                    "vcuda-run"]  # once each, not per scrape
+    reasons = {e["what"]: e["reason"] for e in skipped}
+    assert reasons[str(garbage)].startswith(f"{garbage} is not a vcuda account")
+    assert reasons[str(planted)] == f"account {planted} cannot be opened: Too many levels of " \
+        "symbolic links"
+    assert reasons[str(broken)] == "limits file: memory and cores must be whole numbers"
+    assert reasons["GPU 1"] == "NVML: GPU is lost"
+    assert reasons["ledger record damaged"] == "unreadable: damaged, or being removed"
+
+    devices[1].lost = False
+    (broken / "limits").unlink()
+    agent.scrape()
+    recovered = {e["what"] for e in _events(capsys) if e["event"] == "recovered"}
+    assert recovered == {"GPU 1", str(broken)}
+
+
+def test_without_nvml_the_memory_figures_still_come_from_the_accounts(
+    agent: Agent, container: PidNamespace
+) -> None:
+    _limited_container(agent, container)
+    agent.scrape()  # NVML up: the agent learns each UUID's index
+    agent.lib.driver_loaded = False
+    series = agent.scrape()
+    assert series["vcuda_container_memory_used_bytes"] == {_worker(): GIB + 512 * MIB}
+    assert "vcuda_container_core_used_ratio" not in series or \
+        series["vcuda_container_core_used_ratio"] == {}
+    assert series["vcuda_node_collect_errors_total"][labels(source="nvml")] >= 1
+
+
+def test_a_failing_snapshot_still_gets_an_answer(agent: Agent,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    agent.state.mkdir()
+    (agent.state / "containers").write_text("not a directory\n")
+    series = agent.scrape()
+    assert series["vcuda_node_collect_errors_total"] == {labels(source="agent"): 1}
+    [failure] = [e for e in _events(capsys) if e["event"] == "snapshot_failed"]
+    assert "NotADirectoryError" in failure["error"]
