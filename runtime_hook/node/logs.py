@@ -58,11 +58,13 @@ class Problems:
 
     A scrape every 15 s would otherwise repeat the same warning forever. Call
     :meth:`cycle_done` at the end of each pass; ``counts`` holds how often each
-    source failed, for the agent's own metrics.
+    source failed, for the agent's own metrics. ``task`` (``metrics``,
+    ``advertise``) says in the log lines which of the agent's passes met it.
     """
 
-    def __init__(self, log: logging.Logger) -> None:
+    def __init__(self, log: logging.Logger, task: str) -> None:
         self.log = log
+        self.task = task
         self._active: dict[str, str] = {}
         self._seen: set[str] = set()
         self.counts: Counter[str] = Counter()
@@ -73,11 +75,12 @@ class Problems:
         self._seen.add(key)
         if self._active.get(key) != message:
             self._active[key] = message
-            event(self.log, logging.WARNING, "skipped", source=source, what=key, reason=message)
+            event(self.log, logging.WARNING, "skipped", task=self.task, source=source, what=key,
+                  reason=message)
 
     def cycle_done(self) -> None:
         """End one pass: problems not reported in it are resolved."""
         for key in [k for k in self._active if k not in self._seen]:
             del self._active[key]
-            event(self.log, logging.INFO, "recovered", what=key)
+            event(self.log, logging.INFO, "recovered", task=self.task, what=key)
         self._seen = set()

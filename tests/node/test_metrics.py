@@ -46,7 +46,7 @@ class Agent:
         self.run_dir = tmp_path / "tmp"
         self.run_dir.mkdir()
         self.lib = lib
-        self.problems = Problems(logging.getLogger("vcuda-node"))
+        self.problems = Problems(logging.getLogger("vcuda-node"), "metrics")
         observer = Observer(Nvml(lib), self.problems, "/", str(self.state), (str(self.run_dir),))
         self.server, self.thread = serve(NodeCollector(observer, NODE, self.problems),
                                          "127.0.0.1", 0)

@@ -14,7 +14,7 @@ from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
 
 @pytest.fixture
 def problems() -> Problems:
-    return Problems(logging.getLogger("test"))
+    return Problems(logging.getLogger("test"), "test")
 
 
 def test_gpus_lists_each_gpu_with_index_uuid_memory_and_utilization(problems: Problems) -> None:

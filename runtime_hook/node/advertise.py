@@ -1,0 +1,127 @@
+"""Advertising the node's GPUs: the inventory file the hook reads, and extended resources in the
+node's status that the scheduler fits pods against.
+
+``<domain>/vcuda-core`` is 100 per GPU; ``<domain>/vcuda-memory`` is each
+GPU's memory times the memory scaling in 256 MiB units, rounded down per GPU (a
+container's memory must fit on one GPU), summed. Each domain gets the full
+amount: pods of one cluster should use one domain. Both ``capacity`` and
+``allocatable`` are set with a JSON Patch on ``nodes/<name>/status``; the
+kubelet leaves extended resources it does not manage alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from runtime_hook import gpu_inventory
+from runtime_hook.gpu_inventory import Gpu
+from webhook.config import MEMORY_UNIT
+from webhook.patch import Operation, escape
+
+CORES_PER_GPU = 100
+_FIELDS = ("capacity", "allocatable")
+_FIX_RBAC = "grant it with manifests/node-rbac.yaml (get nodes, patch nodes/status)"
+
+
+class AdvertiseError(RuntimeError):
+    """The node's status cannot be read or written; the message says why and what to do."""
+
+
+def resources(gpus: Iterable[Gpu], domains: Iterable[str], scaling: float) -> dict[str, str]:
+    """The extended resources ``gpus`` give, as the quantities (strings) of a node's status."""
+    gpus = list(gpus)
+    cores = CORES_PER_GPU * len(gpus)
+    memory = sum(int(gpu.memory * scaling) // MEMORY_UNIT for gpu in gpus)
+    found = {}
+    for domain in domains:
+        found[f"{domain}/vcuda-core"] = str(cores)
+        found[f"{domain}/vcuda-memory"] = str(memory)
+    return found
+
+
+def status_patch(node: dict[str, Any], wanted: dict[str, str]) -> list[Operation]:
+    """JSON Patch operations that make ``node``'s capacity and allocatable hold ``wanted``."""
+    status = node.get("status") or {}
+    operations: list[Operation] = []
+    for field in _FIELDS:
+        present = status.get(field)
+        if present is None:
+            operations.append({"op": "add", "path": f"/status/{field}", "value": dict(wanted)})
+            continue
+        for name, quantity in sorted(wanted.items()):
+            if present.get(name) != quantity:
+                path = f"/status/{field}/{escape(name)}"
+                operations.append({"op": "add", "path": path, "value": quantity})
+    return operations
+
+
+def update_inventory(path: str, gpus: list[Gpu]) -> bool:
+    """Make the inventory file at ``path`` list ``gpus``; return whether it had to change."""
+    try:
+        current = gpu_inventory.read(path)
+    except gpu_inventory.InventoryError:
+        current = None  # unusable: rewrite it
+    if current is not None and set(current.values()) == set(gpus):
+        return False
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    gpu_inventory.write(path, sorted(gpus, key=lambda gpu: gpu.index))
+    return True
+
+
+class NodeStatus:
+    """One node's status through the ``kubernetes`` client."""
+
+    def __init__(self, node: str, kubeconfig: str | None = None) -> None:
+        from kubernetes import client, config  # only an agent that advertises pays for it
+
+        self.node = node
+        try:
+            if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                configuration = client.Configuration()
+                config.load_incluster_config(client_configuration=configuration)
+                api_client = client.ApiClient(configuration)
+            else:
+                api_client = config.new_client_from_config(config_file=kubeconfig)
+        except (config.ConfigException, OSError) as exc:
+            raise AdvertiseError(f"no Kubernetes credentials: {exc}") from None
+        self._api = client.CoreV1Api(api_client)
+
+    def read(self) -> dict[str, Any]:
+        """The node object, as JSON."""
+        answer = self._call(
+            "get nodes", lambda: self._api.read_node(self.node, _preload_content=False)
+        )
+        return json.loads(answer.data)
+
+    def patch(self, operations: list[Operation]) -> None:
+        """Apply ``operations`` (JSON Patch) to the node's status."""
+        self._call("patch nodes/status", lambda: self._api.patch_node_status(self.node, operations))
+
+    def _call(self, what: str, call: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return call()
+        except ApiException as exc:
+            reason = _message(exc)
+            if exc.status == 403:
+                raise AdvertiseError(f"not allowed to {what} {self.node!r}: {reason}; "
+                                     f"{_FIX_RBAC}") from None
+            if exc.status == 404:
+                raise AdvertiseError(f"node {self.node!r} does not exist: check --node-name "
+                                     "(the DaemonSet sets it from spec.nodeName)") from None
+            raise AdvertiseError(f"cannot {what} {self.node!r}: HTTP {exc.status}: {reason}") \
+                from None
+        except HTTPError as exc:
+            raise AdvertiseError(f"cannot reach the API server to {what}: {exc}") from None
+
+
+def _message(exc: Any) -> str:
+    try:
+        return str(json.loads(exc.body or "")["message"])
+    except (ValueError, KeyError, TypeError):
+        return str(exc.reason or exc.body or "no message")

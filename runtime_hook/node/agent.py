@@ -1,0 +1,113 @@
+"""``vcuda-node run``: keeps the GPU inventory and node resources current, and serves metrics."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import namedtuple
+
+from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.node.logs import Problems, event
+from runtime_hook.node.metrics import NodeCollector, serve
+from runtime_hook.node.nvml import Nvml, NvmlError
+from runtime_hook.node.observe import Observer
+
+INVENTORY_NAME = "gpus.json"  # the hook's default --inventory, in its state dir
+
+_SETTINGS = (
+    "host_root state_dir node domains memory_scaling address port interval run_dirs "
+    "advertise kubeconfig"
+)
+
+
+class Settings(namedtuple("Settings", _SETTINGS)):
+    """The command line of ``vcuda-node run``."""
+
+    __slots__ = ()
+
+
+class Advertiser:
+    """One pass of keeping the inventory file and the node's extended resources in step with NVML.
+
+    ``status`` is a :class:`~runtime_hook.node.advertise.NodeStatus`, or None
+    to write the inventory alone.
+    """
+
+    def __init__(
+        self, nvml: Nvml, settings: Settings, status: object | None, log: logging.Logger
+    ) -> None:
+        self._nvml = nvml
+        self._settings = settings
+        self._status = status
+        self._log = log
+        self.problems = Problems(log, "advertise")
+        state = os.path.join(settings.host_root, settings.state_dir.lstrip("/"))
+        self.inventory = os.path.join(state, INVENTORY_NAME)
+
+    def once(self) -> None:
+        """Read the GPUs; rewrite the inventory and patch the node where they changed."""
+        try:
+            found = self._nvml.gpus(self.problems)
+        except NvmlError as exc:  # keep what was advertised: the driver may be restarting
+            self.problems.report("nvml", "NVML", str(exc))
+        else:
+            gpus = [Gpu(g.uuid, g.index, g.memory_total) for g in found]
+            self._write_inventory(gpus)
+            if self._status is not None:
+                self._advertise(gpus)
+        self.problems.cycle_done()
+
+    def _write_inventory(self, gpus: list[Gpu]) -> None:
+        from runtime_hook.node.advertise import update_inventory
+
+        try:
+            if update_inventory(self.inventory, gpus):
+                event(self._log, logging.INFO, "inventory_written", path=self.inventory,
+                      gpus=[g._asdict() for g in gpus])
+        except OSError as exc:
+            self.problems.report("inventory", self.inventory, f"cannot write: {exc}")
+
+    def _advertise(self, gpus: list[Gpu]) -> None:
+        from runtime_hook.node.advertise import AdvertiseError, resources, status_patch
+
+        settings = self._settings
+        wanted = resources(gpus, settings.domains, settings.memory_scaling)
+        try:
+            operations = status_patch(self._status.read(), wanted)
+            if operations:
+                self._status.patch(operations)
+                event(self._log, logging.INFO, "advertised", node=settings.node, resources=wanted)
+        except AdvertiseError as exc:
+            self.problems.report("advertise", f"node {settings.node}", str(exc))
+
+
+def run(settings: Settings, log: logging.Logger, stop: threading.Event,
+        nvml: Nvml | None = None) -> None:
+    """Serve metrics and advertise every ``settings.interval`` seconds until ``stop`` is set.
+
+    ``nvml`` defaults to the ``pynvml`` library's.
+    """
+    status = None
+    if settings.advertise:
+        from runtime_hook.node.advertise import NodeStatus
+
+        status = NodeStatus(settings.node, settings.kubeconfig)
+    nvml = nvml or Nvml()
+    observer = Observer(nvml, Problems(log, "metrics"), settings.host_root, settings.state_dir,
+                        tuple(settings.run_dirs))
+    server, thread = serve(NodeCollector(observer, settings.node, observer.problems),
+                           settings.address, settings.port)
+    event(log, logging.INFO, "serving", address=settings.address, port=server.server_port,
+          node=settings.node, advertise=settings.advertise)
+    advertiser = Advertiser(nvml, settings, status, log)
+    try:
+        while not stop.is_set():
+            advertiser.once()
+            stop.wait(settings.interval)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+        nvml.close()
+        event(log, logging.INFO, "stopped")

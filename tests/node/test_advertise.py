@@ -1,0 +1,265 @@
+"""Advertising: the GPU inventory for the hook, and the node's extended resources through a local
+HTTPS server with the API's semantics and the manifests' RBAC."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime_hook import gpu_inventory
+from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.node.advertise import resources, status_patch
+from runtime_hook.node.agent import Advertiser, Settings, run
+from runtime_hook.node.logs import setup
+from runtime_hook.node.nvml import Nvml
+from tests.deploy.manifests import ROOT as MANIFESTS
+from tests.deploy.manifests import documents
+from tests.fake_kube_api import rules_from_manifests
+from tests.node.fake_nodes_api import JSON_PATCH, NODE_AGENT, FakeNodesApi
+from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
+from tests.node.workloads_on_host import scrape
+
+NODE = "gpu-node-1"
+PATH = f"/api/v1/nodes/{NODE}"
+KUBELETS = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu.shared": "8"}
+
+
+# --- what is advertised (pure) ------------------------------------------------------------------
+
+def test_each_gpu_gives_100_cores_and_its_memory_in_256_mib_units() -> None:
+    gpus = [Gpu("GPU-a", 0, 80 * GIB), Gpu("GPU-b", 1, 40 * GIB)]
+    assert resources(gpus, ["docker.com"], 1.0) == {
+        "docker.com/vcuda-core": "200", "docker.com/vcuda-memory": "480"}
+
+
+def test_memory_scaling_multiplies_and_each_gpu_is_rounded_down_on_its_own() -> None:
+    # 16 GiB less a byte is 63 whole units; two of them are 126, not 127.
+    gpus = [Gpu("GPU-a", 0, 16 * GIB - 1), Gpu("GPU-b", 1, 16 * GIB - 1)]
+    assert resources(gpus, ["docker.com"], 1.0)["docker.com/vcuda-memory"] == "126"
+    assert resources(gpus, ["docker.com"], 1.5)["docker.com/vcuda-memory"] == "190"
+
+
+def test_every_domain_gets_the_full_amount_and_no_gpu_gives_zero() -> None:
+    assert resources([], ["docker.com", "tencent.com"], 1.0) == {
+        "docker.com/vcuda-core": "0", "docker.com/vcuda-memory": "0",
+        "tencent.com/vcuda-core": "0", "tencent.com/vcuda-memory": "0"}
+
+
+def test_the_status_patch_adds_only_what_differs_with_escaped_pointers() -> None:
+    node = {"status": {"capacity": {"docker.com/vcuda-core": "100", "cpu": "8"},
+                       "allocatable": {"docker.com/vcuda-core": "200"}}}
+    wanted = {"docker.com/vcuda-core": "200"}
+    assert status_patch(node, wanted) == [
+        {"op": "add", "path": "/status/capacity/docker.com~1vcuda-core", "value": "200"}]
+    assert status_patch({"status": {"capacity": wanted, "allocatable": wanted}}, wanted) == []
+
+
+def test_a_node_without_a_capacity_map_gets_one() -> None:
+    assert status_patch({"status": {}}, {"docker.com/vcuda-core": "100"}) == [
+        {"op": "add", "path": "/status/capacity", "value": {"docker.com/vcuda-core": "100"}},
+        {"op": "add", "path": "/status/allocatable", "value": {"docker.com/vcuda-core": "100"}}]
+
+
+# --- against the API ---------------------------------------------------------------------------
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[FakeNodesApi]:
+    server = FakeNodesApi()
+    server.start(tmp_path)
+    server.rules = rules_from_manifests(documents(MANIFESTS / "node-rbac.yaml"), NODE_AGENT)
+    server.add_node(NODE, KUBELETS)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kubeconfig(api: FakeNodesApi, tmp_path: Path) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(api.kubeconfig())
+    return str(path)
+
+
+@pytest.fixture
+def devices() -> list[FakeDevice]:
+    return [FakeDevice("GPU-a", 80 * GIB), FakeDevice("GPU-b", 40 * GIB)]
+
+
+def _settings(tmp_path: Path, kubeconfig: str, **changes: object) -> Settings:
+    base = Settings(host_root=str(tmp_path / "host"), state_dir="/run/vcuda", node=NODE,
+                    domains=("docker.com", "tencent.com"), memory_scaling=1.0,
+                    address="127.0.0.1", port=0, interval=1.0, run_dirs=[], advertise=True,
+                    kubeconfig=kubeconfig)
+    return base._replace(**changes)
+
+
+def _advertiser(tmp_path: Path, kubeconfig: str, devices: list[FakeDevice],
+                **changes: object) -> Advertiser:
+    from runtime_hook.node.advertise import NodeStatus
+
+    settings = _settings(tmp_path, kubeconfig, **changes)
+    return Advertiser(Nvml(FakeNvml(devices)), settings, NodeStatus(NODE, kubeconfig),
+                      logging.getLogger("vcuda-node"))
+
+
+def _vcuda(api: FakeNodesApi, field: str = "capacity") -> dict[str, str]:
+    node = api.get(PATH)
+    assert node is not None
+    return {k: v for k, v in node["status"][field].items() if "vcuda" in k}
+
+
+WANTED = {"docker.com/vcuda-core": "200", "docker.com/vcuda-memory": "480",
+          "tencent.com/vcuda-core": "200", "tencent.com/vcuda-memory": "480"}
+
+
+def test_the_node_gets_its_resources_in_capacity_and_allocatable_by_one_json_patch(
+    api: FakeNodesApi, kubeconfig: str, devices: list[FakeDevice], tmp_path: Path
+) -> None:
+    _advertiser(tmp_path, kubeconfig, devices).once()
+    assert _vcuda(api, "capacity") == _vcuda(api, "allocatable") == WANTED
+    node = api.get(PATH)
+    assert node is not None and node["status"]["capacity"]["cpu"] == "64"  # the kubelet's stay
+    [patch] = [r for r in api.requests if r.method == "PATCH"]
+    assert (patch.path, patch.content_type, patch.status) == (f"{PATH}/status", JSON_PATCH, 200)
+    paths = {op["path"] for op in json.loads(patch.body)}
+    assert "/status/capacity/docker.com~1vcuda-core" in paths and len(paths) == 8
+
+
+def test_an_unchanged_node_is_only_read(api: FakeNodesApi, kubeconfig: str,
+                                        devices: list[FakeDevice], tmp_path: Path) -> None:
+    advertiser = _advertiser(tmp_path, kubeconfig, devices)
+    advertiser.once()
+    api.requests.clear()
+    advertiser.once()
+    assert [r.method for r in api.requests] == ["GET"]
+
+
+def test_resources_are_advertised_again_when_the_gpus_or_the_node_change(
+    api: FakeNodesApi, kubeconfig: str, devices: list[FakeDevice], tmp_path: Path
+) -> None:
+    advertiser = _advertiser(tmp_path, kubeconfig, devices)
+    advertiser.once()
+    devices.pop()  # a GPU is gone
+    advertiser.once()
+    assert _vcuda(api)["docker.com/vcuda-memory"] == "320"
+    api.add_node(NODE, KUBELETS)  # the node object was recreated: no vcuda resources
+    advertiser.once()
+    assert _vcuda(api)["docker.com/vcuda-core"] == "100"
+
+
+def test_the_inventory_is_written_for_the_hook_and_only_rewritten_when_gpus_change(
+    api: FakeNodesApi, kubeconfig: str, devices: list[FakeDevice], tmp_path: Path
+) -> None:
+    advertiser = _advertiser(tmp_path, kubeconfig, devices)
+    advertiser.once()
+    path = tmp_path / "host" / "run" / "vcuda" / "gpus.json"
+    assert advertiser.inventory == str(path)
+    assert gpu_inventory.read(str(path)) == {"GPU-a": Gpu("GPU-a", 0, 80 * GIB),
+                                             "GPU-b": Gpu("GPU-b", 1, 40 * GIB)}
+    inode = path.stat().st_ino
+    advertiser.once()
+    assert path.stat().st_ino == inode
+    devices[1].memory_total = 48 * GIB
+    advertiser.once()
+    assert path.stat().st_ino != inode
+    assert gpu_inventory.read(str(path))["GPU-b"].memory == 48 * GIB  # type: ignore[index]
+
+
+def test_a_damaged_inventory_is_replaced(api: FakeNodesApi, kubeconfig: str,
+                                         devices: list[FakeDevice], tmp_path: Path) -> None:
+    advertiser = _advertiser(tmp_path, kubeconfig, devices)
+    os.makedirs(os.path.dirname(advertiser.inventory))
+    Path(advertiser.inventory).write_text("{half a file")
+    advertiser.once()
+    assert set(gpu_inventory.read(advertiser.inventory) or {}) == {"GPU-a", "GPU-b"}
+
+
+def _skipped(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+    return {e["what"]: e["reason"] for e in lines if e["event"] == "skipped"}
+
+
+@pytest.fixture
+def logs(capsys: pytest.CaptureFixture[str]) -> pytest.CaptureFixture[str]:
+    setup("info")
+    return capsys
+
+
+def test_without_nvml_neither_the_inventory_nor_the_node_is_touched(
+    api: FakeNodesApi, kubeconfig: str, tmp_path: Path, logs: pytest.CaptureFixture[str]
+) -> None:
+    from runtime_hook.node.advertise import NodeStatus
+
+    lib = FakeNvml([FakeDevice("GPU-a")], driver_loaded=False)
+    advertiser = Advertiser(Nvml(lib), _settings(tmp_path, kubeconfig),
+                            NodeStatus(NODE, kubeconfig), logging.getLogger("vcuda-node"))
+    advertiser.once()
+    assert not os.path.exists(advertiser.inventory)
+    assert api.requests == []
+    assert _skipped(logs) == {"NVML": "NVML cannot start: Driver Not Loaded"}
+
+
+def test_a_missing_permission_is_logged_with_the_rbac_fix_and_the_agent_goes_on(
+    api: FakeNodesApi, kubeconfig: str, devices: list[FakeDevice], tmp_path: Path,
+    logs: pytest.CaptureFixture[str],
+) -> None:
+    api.rules = [r for r in api.rules or [] if "nodes/status" not in r.resources]
+    advertiser = _advertiser(tmp_path, kubeconfig, devices)
+    advertiser.once()
+    reason = _skipped(logs)[f"node {NODE}"]
+    assert reason.startswith(f"not allowed to patch nodes/status '{NODE}': nodes/status "
+                             f'"{NODE}" is forbidden: User "{NODE_AGENT}" cannot patch')
+    assert reason.endswith("grant it with manifests/node-rbac.yaml (get nodes, patch "
+                           "nodes/status)")
+    assert os.path.exists(advertiser.inventory)  # the hook still gets its inventory
+
+
+def test_a_wrong_node_name_and_a_rejected_token_are_named(
+    api: FakeNodesApi, devices: list[FakeDevice], tmp_path: Path,
+    logs: pytest.CaptureFixture[str],
+) -> None:
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text(api.kubeconfig(token="not-the-token"))
+    _advertiser(tmp_path, str(wrong), devices).once()
+    assert _skipped(logs)[f"node {NODE}"] == f"cannot get nodes '{NODE}': HTTP 401: Unauthorized"
+    api.objects.clear()
+    good = tmp_path / "kubeconfig"
+    good.write_text(api.kubeconfig())
+    _advertiser(tmp_path, str(good), devices).once()
+    assert _skipped(logs)[f"node {NODE}"] == (
+        f"node '{NODE}' does not exist: check --node-name (the DaemonSet sets it from "
+        "spec.nodeName)")
+
+
+def test_the_agent_advertises_and_serves_until_stopped(
+    api: FakeNodesApi, kubeconfig: str, devices: list[FakeDevice], tmp_path: Path,
+    logs: pytest.CaptureFixture[str],
+) -> None:
+    stop = threading.Event()
+    agent = threading.Thread(target=run, args=(_settings(tmp_path, kubeconfig),
+                                               logging.getLogger("vcuda-node"), stop,
+                                               Nvml(FakeNvml(devices))))
+    agent.start()
+    deadline = time.monotonic() + 30
+    try:
+        port = None
+        while port is None and time.monotonic() < deadline:
+            for line in logs.readouterr().err.splitlines():
+                event = json.loads(line)
+                port = event["port"] if event["event"] == "serving" else port
+        assert port is not None
+        series = scrape(port)
+        assert set(series["vcuda_gpu_memory_total_bytes"].values()) == {80 * GIB, 40 * GIB}
+        while _vcuda(api) != WANTED and time.monotonic() < deadline:
+            stop.wait(0.05)
+        assert _vcuda(api) == WANTED
+    finally:
+        stop.set()
+        agent.join(timeout=30)
+    assert not agent.is_alive()
