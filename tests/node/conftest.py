@@ -1,4 +1,4 @@
-"""Fixtures of the node agent's tests: fake nodes for the installer, a stand-in library."""
+"""Fixtures of the node agent's tests: fake nodes, a stand-in library; the hook's, the shim's."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.hook.conftest import bundle, runc, spec  # noqa: F401 - containers started by runc
 from tests.node.nodes import Node, make_node
 from tests.shim.conftest import gpu, shim_build, two_gpus  # noqa: F401 - a real shim's accounts
 
