@@ -22,14 +22,13 @@ import pytest
 from runtime_hook.limits_file import Limits, render
 from runtime_hook.node.agent import Advertiser, Settings
 from runtime_hook.node.logs import Problems
-from runtime_hook.node.metrics import NodeCollector, serve
 from runtime_hook.node.nvml import Nvml
 from runtime_hook.node.observe import Observer
 from tests.hook.bundles import limits_annotation
 from tests.hook.conftest import BuildBundle
 from tests.node.fake_pynvml import FakeDevice, FakeNvml
 from tests.node.nodes import Node
-from tests.node.workloads_on_host import labels, scrape
+from tests.node.workloads_on_host import Endpoint, labels
 from tests.shim.harness import CONTEXT, GIB, LIBRARY, MIB, REPO, Background, FakeGpu, fake_uuid
 
 PREFIX = "/usr/local/vcuda"
@@ -37,7 +36,7 @@ NODE = "gpu-node-1"
 POD = {"io.kubernetes.cri.sandbox-namespace": "team", "io.kubernetes.cri.sandbox-name": "train-0"}
 
 
-class Agent:
+class Agent(Endpoint):
     """The agent's two tasks over one state dir, with the NVML double."""
 
     def __init__(self, state: Path, lib: FakeNvml) -> None:
@@ -48,15 +47,7 @@ class Agent:
                             memory_scaling=1.0, address="127.0.0.1", port=0, interval=1.0,
                             run_dirs=[], advertise=False, kubeconfig=None)
         self.advertiser = Advertiser(nvml, settings, None, log)
-        observer = Observer(nvml, Problems(log, "metrics"), "/", str(state))
-        self.server, _ = serve(NodeCollector(observer, NODE, observer.problems), "127.0.0.1", 0)
-
-    def scrape(self) -> dict:
-        return scrape(self.server.server_port)
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Observer(nvml, Problems(log, "metrics"), "/", str(state)), NODE)
 
 
 @pytest.fixture
@@ -147,9 +138,8 @@ def test_a_vcuda_run_command_is_seen_with_its_real_account(gpu: FakeGpu, tmp_pat
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     lib = FakeNvml([FakeDevice(fake_uuid(0), 8 * GIB)])
-    observer = Observer(Nvml(lib), Problems(logging.getLogger("vcuda-node"), "metrics"),
-                        run_dirs=(str(tmp),))
-    server, _ = serve(NodeCollector(observer, NODE, observer.problems), "127.0.0.1", 0)
+    endpoint = Endpoint(Observer(Nvml(lib), Problems(logging.getLogger("vcuda-node"), "metrics"),
+                                 run_dirs=(str(tmp),)), NODE)
     command = [sys.executable, "-m", "runtime_hook.run", "--memory", "4Gi", "--cores", "30",
                "--library", str(LIBRARY), "--",
                *gpu.command("init", "ctx", "0", "alloc", "512M", "wait")]
@@ -159,12 +149,11 @@ def test_a_vcuda_run_command_is_seen_with_its_real_account(gpu: FakeGpu, tmp_pat
     try:
         run.lines = run.read_to_wait()
         lib.devices[0].busy = {process.pid: 55}
-        series = scrape(server.server_port)
+        series = endpoint.scrape()
     finally:
         process.kill()
         process.wait()
-        server.shutdown()
-        server.server_close()
+        endpoint.stop()
     command_labels = labels(namespace="", pod="", container=f"vcuda-run-{process.pid}",
                             node=NODE, gpu="0", uuid=fake_uuid(0))
     assert series["vcuda_container_memory_limit_bytes"] == {command_labels: 4 * GIB}

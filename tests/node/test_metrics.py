@@ -18,18 +18,17 @@ import pytest
 
 from runtime_hook.limits_file import Limits
 from runtime_hook.node.logs import Problems, setup
-from runtime_hook.node.metrics import NodeCollector, serve
 from runtime_hook.node.nvml import Nvml
 from runtime_hook.node.observe import Observer
 from runtime_hook.node_state import process_start_time
 from tests.node.accounts import SIZE, write_account
 from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
 from tests.node.workloads_on_host import (
+    Endpoint,
     PidNamespace,
     commit_container,
     labels,
     make_vcuda_run_dir,
-    scrape,
     start_pid_namespace,
 )
 
@@ -38,8 +37,8 @@ GPU0, GPU1 = "GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888
 NODE = "gpu-node-1"
 
 
-class Agent:
-    """The collector served on a free port, over a state dir and a vcuda-run dir."""
+class Agent(Endpoint):
+    """The metrics served over a state dir and a vcuda-run dir."""
 
     def __init__(self, tmp_path: Path, lib: FakeNvml) -> None:
         self.state = tmp_path / "state"
@@ -47,16 +46,8 @@ class Agent:
         self.run_dir.mkdir()
         self.lib = lib
         self.problems = Problems(logging.getLogger("vcuda-node"), "metrics")
-        observer = Observer(Nvml(lib), self.problems, "/", str(self.state), (str(self.run_dir),))
-        self.server, self.thread = serve(NodeCollector(observer, NODE, self.problems),
-                                         "127.0.0.1", 0)
-
-    def scrape(self) -> dict:
-        return scrape(self.server.server_port)
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Observer(Nvml(lib), self.problems, "/", str(self.state),
+                                  (str(self.run_dir),)), NODE)
 
 
 @pytest.fixture

@@ -14,6 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runtime_hook import ledger
 from runtime_hook.limits_file import Limits, render
+from runtime_hook.node.metrics import NodeCollector, serve
+from runtime_hook.node.observe import Observer
 from runtime_hook.node_state import StateDir, process_start_time
 
 Series = dict[str, dict[frozenset, float]]
@@ -91,6 +93,20 @@ def make_vcuda_run_dir(base: Path, pid: int, limits: Limits) -> Path:
     (directory / "owner").write_text(f"{pid} {process_start_time(pid)}\n")
     (directory / "limits").write_text(render(limits))
     return directory
+
+
+class Endpoint:
+    """An observer's metrics served on a free port of 127.0.0.1, as ``vcuda-node run`` does."""
+
+    def __init__(self, observer: Observer, node: str) -> None:
+        self.server, _ = serve(NodeCollector(observer, node, observer.problems), "127.0.0.1", 0)
+
+    def scrape(self) -> Series:
+        return scrape(self.server.server_port)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def scrape(port: int) -> Series:
