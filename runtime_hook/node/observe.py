@@ -54,17 +54,17 @@ class Observer:
     def snapshot(self) -> Snapshot:
         """Look at the node now."""
         problems = self.problems
+        utilization: _Utilization | None = _Utilization(self._nvml, problems)
         try:
             gpus = self._nvml.gpus(problems)
             self._indices = {gpu.uuid: gpu.index for gpu in gpus}
         except NvmlError as exc:
             problems.report("nvml", "NVML", str(exc))
-            gpus = []
+            gpus, utilization = [], None
         found = workloads.containers(self._host_root, self._state_dir, problems)
         found += workloads.commands(self._host_root, self._run_dirs, problems)
         namespaces = {w: processes.pid_namespace(w.pid) for w in found}
         by_namespace = processes.index(ns for ns in namespaces.values() if ns is not None)
-        utilization = _Utilization(self._nvml, problems)
         usages = []
         for workload in found:
             live = by_namespace.get(namespaces[workload], {})
@@ -76,9 +76,10 @@ class Observer:
         self,
         workload: workloads.Workload,
         live: dict[int, processes.Process],
-        utilization: _Utilization,
+        utilization: _Utilization | None,
     ) -> list[Usage]:
-        """``workload``'s use of each of its GPUs; ``live`` are its processes by account pid."""
+        """``workload``'s use of each of its GPUs; ``live`` are its processes by account pid
+        (``utilization`` is None while NVML is away)."""
         try:
             held = account.read(workload.account) or account.Account((), ())
         except account.AccountError as exc:
@@ -87,13 +88,13 @@ class Observer:
         devices = dict.fromkeys((*workload.devices, *(held.devices if held else ())))
         if held is None:  # limits only
             return [Usage(workload, u, self._indices.get(u), None, None, None) for u in devices]
-        slots = [s for s in held.slots if live.get(s.pid, (0, None))[1] == s.start_time]
+        slots = [s for s in held.slots if s.pid in live and live[s.pid].start_time == s.start_time]
         used = held.used({(s.pid, s.start_time) for s in slots})
         host_pids = [live[s.pid].host_pid for s in slots]
         usages = []
         for uuid in devices:
             index = self._indices.get(uuid)
-            busy = utilization.of(index) if index is not None else None
+            busy = utilization.of(index) if utilization and index is not None else None
             core_used = None if busy is None else sum(busy.get(p, 0) for p in host_pids) / 100
             on_it = held.devices.index(uuid) if uuid in held.devices else None
             usages.append(
@@ -114,7 +115,7 @@ class _Utilization:
 
     def __init__(self, nvml: Nvml, problems: Problems) -> None:
         self._nvml = nvml
-        self.problems = problems
+        self._problems = problems
         self._by_index: dict[int, dict[int, int] | None] = {}
 
     def of(self, index: int) -> dict[int, int] | None:
@@ -122,7 +123,7 @@ class _Utilization:
             try:
                 self._by_index[index] = self._nvml.process_utilization(index)
             except NvmlError as exc:
-                self.problems.report("nvml", f"GPU {index} utilization", str(exc))
+                self._problems.report("nvml", f"GPU {index} utilization", str(exc))
                 self._by_index[index] = None
         return self._by_index[index]
 
