@@ -22,4 +22,11 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-    sys.exit(main())
+    status = main()
+    # Tearing the interpreter down (freeing every module and object) costs 1.5
+    # to 3.5 ms of each hook run and serves nothing: the hook's files are
+    # written with os.write or closed by their `with` blocks, and the kernel
+    # drops its fds and locks. Only the standard streams may hold output.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
