@@ -17,6 +17,8 @@
 #undef cuGetProcAddress
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+/* CUDA 12.8 headers map this to _v2; the original, in every driver, does what the shim needs. */
+#undef cuEventElapsedTime
 
 typedef int nvmlReturn_t;
 enum { NVML_SUCCESS = 0, NVML_ERROR_NO_PERMISSION = 4, NVML_ERROR_FUNCTION_NOT_FOUND = 13 };
@@ -42,7 +44,7 @@ typedef struct {
 
 #define VC_DECLARE_CU(name, params, args) VC_EXPORT CUresult CUDAAPI name params;
 #define VC_DECLARE_NVML(name, params, args) VC_EXPORT nvmlReturn_t name params;
-VC_INTERCEPTED(VC_DECLARE_CU, VC_DECLARE_NVML)
+VC_INTERCEPTED(VC_DECLARE_CU, VC_DECLARE_NVML, VC_DECLARE_CU)
 #undef VC_DECLARE_CU
 #undef VC_DECLARE_NVML
 

@@ -7,6 +7,7 @@
 #include "account.h"
 #include "driver.h"
 #include "log.h"
+#include "pacer.h"
 #include "setup.h"
 #include "track.h"
 
@@ -150,6 +151,18 @@ static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context
     return result;
 }
 
+/* Whether releasing dev's primary context now destroys it (as far as this
+ * process's retains through the shim tell; when unsure, yes). */
+static bool last_reference(CUdevice dev)
+{
+    if (dev < 0 || dev >= ORDINALS)
+        return true;
+    pthread_mutex_lock(&vc_local_lock);
+    bool last = primaries[dev].refs <= 1;
+    pthread_mutex_unlock(&vc_local_lock);
+    return last;
+}
+
 static void primary_released(CUdevice dev)
 {
     if (dev < 0 || dev >= ORDINALS || !vc_device_of(dev))
@@ -251,6 +264,7 @@ CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreatePar
 
 CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
 {
+    vc_pacer_forget_context(ctx);
     CUresult r = vc_real_cuCtxDestroy_v2(ctx);
     if (r == CUDA_SUCCESS)
         destroyed(ctx);
@@ -268,6 +282,8 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 /* The CUDA runtime still asks for the original release and reset (version 7.0). */
 CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 {
+    if (last_reference(dev))
+        vc_pacer_forget_device(dev);
     CUresult r = vc_real_cuDevicePrimaryCtxRelease(dev);
     if (r == CUDA_SUCCESS)
         primary_released(dev);
@@ -276,6 +292,8 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 
 CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
+    if (last_reference(dev))
+        vc_pacer_forget_device(dev);
     CUresult r = vc_real_cuDevicePrimaryCtxRelease_v2(dev);
     if (r == CUDA_SUCCESS)
         primary_released(dev);
@@ -284,6 +302,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 
 CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 {
+    vc_pacer_forget_device(dev);
     CUresult r = vc_real_cuDevicePrimaryCtxReset(dev);
     if (r == CUDA_SUCCESS)
         primary_reset(dev);
@@ -292,6 +311,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 
 CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
+    vc_pacer_forget_device(dev);
     CUresult r = vc_real_cuDevicePrimaryCtxReset_v2(dev);
     if (r == CUDA_SUCCESS)
         primary_reset(dev);

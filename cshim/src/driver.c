@@ -15,7 +15,7 @@ struct vc_symbol {
 static const struct vc_symbol symbols[VC_ID_END] = {
 #define VC_SYMBOL_CU(name, params, args) [VC_ID_##name] = {#name, VC_LIB_CUDA},
 #define VC_SYMBOL_NVML(name, params, args) [VC_ID_##name] = {#name, VC_LIB_NVML},
-    VC_INTERCEPTED(VC_SYMBOL_CU, VC_SYMBOL_NVML)
+    VC_INTERCEPTED(VC_SYMBOL_CU, VC_SYMBOL_NVML, VC_SYMBOL_CU)
     VC_HELPERS(VC_SYMBOL_CU, VC_SYMBOL_NVML)
 #undef VC_SYMBOL_CU
 #undef VC_SYMBOL_NVML

@@ -14,7 +14,7 @@ enum vc_lib { VC_LIB_CUDA, VC_LIB_NVML };
 /* One id per row of intercept.h (wrapped symbols first, then helpers). */
 enum vc_id {
 #define VC_ID(name, params, args) VC_ID_##name,
-    VC_INTERCEPTED(VC_ID, VC_ID)
+    VC_INTERCEPTED(VC_ID, VC_ID, VC_ID)
     VC_ID_INTERCEPTED_END,
     VC_ID_HELPERS_BEFORE = VC_ID_INTERCEPTED_END - 1,
     VC_HELPERS(VC_ID, VC_ID)
@@ -54,7 +54,7 @@ vc_dlsym_fn vc_driver_dlsym(void);
         nvmlReturn_t (*fn) params = (nvmlReturn_t (*) params)vc_driver_real(VC_ID_##name);         \
         return fn ? fn args : NVML_ERROR_FUNCTION_NOT_FOUND;                                       \
     }
-VC_INTERCEPTED(VC_REAL_CU, VC_REAL_NVML)
+VC_INTERCEPTED(VC_REAL_CU, VC_REAL_NVML, VC_REAL_CU)
 VC_HELPERS(VC_REAL_CU, VC_REAL_NVML)
 #undef VC_REAL_CU
 #undef VC_REAL_NVML

@@ -7,6 +7,9 @@
  * vendor header), the table of real entry points, the exported wrappers, and
  * the map from a real entry point to its wrapper used by dlsym and
  * cuGetProcAddress. Adding a row without writing its wrapper fails the link.
+ * Kernel launches are rows of their own kind: their wrappers are handed out
+ * only when a core limit is set (cores < 100), so that an unlimited process
+ * launches through the driver's own entry points.
  *
  * VC_HELPERS lists driver calls the shim makes for itself without
  * intercepting them; they get a real entry point but no export.
@@ -14,8 +17,28 @@
 #ifndef VC_INTERCEPT_H
 #define VC_INTERCEPT_H
 
-/* CU(name, params, args) for libcuda.so.1; NVML(name, params, args) for libnvidia-ml.so.1. */
-#define VC_INTERCEPTED(CU, NVML)                                                                   \
+/* The parameters of the launch calls, shared by each one and its _ptsz twin. */
+#define VC_LAUNCH_KERNEL_PARAMS                                                                    \
+    (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,            \
+     unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                       \
+     unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+#define VC_LAUNCH_KERNEL_ARGS                                                                      \
+    (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,    \
+     kernelParams, extra)
+#define VC_LAUNCH_EX_PARAMS                                                                        \
+    (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra)
+#define VC_LAUNCH_EX_ARGS (config, f, kernelParams, extra)
+#define VC_LAUNCH_COOPERATIVE_PARAMS                                                               \
+    (CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,            \
+     unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,                       \
+     unsigned int sharedMemBytes, CUstream hStream, void **kernelParams)
+#define VC_LAUNCH_COOPERATIVE_ARGS                                                                 \
+    (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,    \
+     kernelParams)
+
+/* CU(name, params, args) for libcuda.so.1; NVML(name, params, args) for libnvidia-ml.so.1;
+ * LAUNCH(name, params, args) for libcuda.so.1's kernel and graph launches. */
+#define VC_INTERCEPTED(CU, NVML, LAUNCH)                                                           \
     CU(cuGetProcAddress, (const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags),      \
        (symbol, pfn, cudaVersion, flags))                                                           \
     CU(cuGetProcAddress_v2,                                                                         \
@@ -75,6 +98,15 @@
     CU(cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *poolProps), (pool, poolProps))  \
     CU(cuMemPoolDestroy, (CUmemoryPool pool), (pool))                                               \
     CU(cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep), (pool, minBytesToKeep))         \
+    LAUNCH(cuLaunchKernel, VC_LAUNCH_KERNEL_PARAMS, VC_LAUNCH_KERNEL_ARGS)                          \
+    LAUNCH(cuLaunchKernel_ptsz, VC_LAUNCH_KERNEL_PARAMS, VC_LAUNCH_KERNEL_ARGS)                     \
+    LAUNCH(cuLaunchKernelEx, VC_LAUNCH_EX_PARAMS, VC_LAUNCH_EX_ARGS)                                \
+    LAUNCH(cuLaunchKernelEx_ptsz, VC_LAUNCH_EX_PARAMS, VC_LAUNCH_EX_ARGS)                           \
+    LAUNCH(cuLaunchCooperativeKernel, VC_LAUNCH_COOPERATIVE_PARAMS, VC_LAUNCH_COOPERATIVE_ARGS)     \
+    LAUNCH(cuLaunchCooperativeKernel_ptsz, VC_LAUNCH_COOPERATIVE_PARAMS,                            \
+           VC_LAUNCH_COOPERATIVE_ARGS)                                                              \
+    LAUNCH(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))        \
+    LAUNCH(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))   \
     NVML(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory), (device, memory))    \
     NVML(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t *memory),                \
          (device, memory))
@@ -97,6 +129,19 @@
        (CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUmipmappedArray mipmap,                \
         CUdevice device),                                                                           \
        (memoryRequirements, mipmap, device))                                                        \
+    CU(cuCtxSetCurrent, (CUcontext ctx), (ctx))                                                     \
+    CU(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode), (mode))                     \
+    CU(cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus *captureStatus),              \
+       (hStream, captureStatus))                                                                    \
+    CU(cuStreamIsCapturing_ptsz, (CUstream hStream, CUstreamCaptureStatus *captureStatus),         \
+       (hStream, captureStatus))                                                                    \
+    CU(cuStreamCreate, (CUstream *phStream, unsigned int Flags), (phStream, Flags))                 \
+    CU(cuEventCreate, (CUevent *phEvent, unsigned int Flags), (phEvent, Flags))                     \
+    CU(cuEventRecord, (CUevent hEvent, CUstream hStream), (hEvent, hStream))                        \
+    CU(cuEventRecord_ptsz, (CUevent hEvent, CUstream hStream), (hEvent, hStream))                   \
+    CU(cuEventQuery, (CUevent hEvent), (hEvent))                                                    \
+    CU(cuEventElapsedTime, (float *pMilliseconds, CUevent hStart, CUevent hEnd),                    \
+       (pMilliseconds, hStart, hEnd))                                                               \
     NVML(nvmlInit_v2, (void), ())                                                                   \
     NVML(nvmlDeviceGetHandleByUUID, (const char *uuid, nvmlDevice_t *device), (uuid, device))       \
     NVML(nvmlDeviceGetUUID, (nvmlDevice_t device, char *uuid, unsigned int length),                 \

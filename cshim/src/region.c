@@ -17,6 +17,8 @@
 
 _Static_assert(offsetof(struct vc_region, last_reap_ns) == 32, "layout");
 _Static_assert(offsetof(struct vc_region, uuid) == 64, "layout");
+_Static_assert(offsetof(struct vc_region, bucket) == 1728, "layout");
+_Static_assert(offsetof(struct vc_region, gpu_ns) == 1856, "layout");
 _Static_assert(offsetof(struct vc_region, slots) == VC_REGION_HEADER_SIZE, "layout");
 _Static_assert(sizeof(struct vc_slot) == 144, "layout");
 _Static_assert(sizeof(pthread_mutex_t) <= sizeof(union vc_region_lock), "layout");

@@ -13,7 +13,7 @@
 #include "limits_file.h"
 
 #define VC_REGION_MAGIC "VCUDAACC"
-#define VC_REGION_VERSION 1
+#define VC_REGION_VERSION 2
 #define VC_REGION_SLOTS 1024
 #define VC_REGION_UUID_SIZE 96
 #define VC_REGION_HEADER_SIZE 4096
@@ -45,7 +45,10 @@ struct vc_region {
     char uuid[VC_MAX_DEVICES][VC_REGION_UUID_SIZE];
     union vc_region_lock lock;        /* guards everything below the header fields */
     union vc_region_lock context_lock; /* serializes context creation, so it can be measured */
-    char pad1[VC_REGION_HEADER_SIZE - 64 - VC_MAX_DEVICES * VC_REGION_UUID_SIZE - 128];
+    int64_t bucket[VC_MAX_DEVICES];   /* each device's GPU-time bucket (bucket.h), lock-free */
+    uint64_t gpu_ns[VC_MAX_DEVICES];  /* GPU time charged to the container on each device, ns */
+    char pad1[VC_REGION_HEADER_SIZE - 64 - VC_MAX_DEVICES * VC_REGION_UUID_SIZE - 128
+              - 16 * VC_MAX_DEVICES];
     struct vc_slot slots[VC_REGION_SLOTS];
 };
 

@@ -10,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "driver.h"
@@ -17,14 +18,24 @@
 
 static void *const wrappers[VC_ID_INTERCEPTED_END] = {
 #define VC_WRAPPER(name, params, args) [VC_ID_##name] = (void *)name,
-    VC_INTERCEPTED(VC_WRAPPER, VC_WRAPPER)
+    VC_INTERCEPTED(VC_WRAPPER, VC_WRAPPER, VC_WRAPPER)
 #undef VC_WRAPPER
+};
+
+/* Kernel launches are handed out wrapped only while they are paced. */
+static const bool launch_row[VC_ID_INTERCEPTED_END] = {
+#define VC_OTHER_ROW(name, params, args)
+#define VC_LAUNCH_ROW(name, params, args) [VC_ID_##name] = true,
+    VC_INTERCEPTED(VC_OTHER_ROW, VC_OTHER_ROW, VC_LAUNCH_ROW)
+#undef VC_OTHER_ROW
+#undef VC_LAUNCH_ROW
 };
 
 /* The wrapper of fn if fn is the real entry point of intercepted symbol id. */
 static void *wrapper_if_real(int id, void *fn)
 {
-    return vc_mode() != VC_OFF && fn == vc_driver_real(id) ? wrappers[id] : fn;
+    bool wrapped = launch_row[id] ? vc_pacing() : vc_mode() != VC_OFF;
+    return wrapped && fn == vc_driver_real(id) ? wrappers[id] : fn;
 }
 
 /* The wrapper of fn if fn is a real libcuda entry point that is intercepted, else fn. */

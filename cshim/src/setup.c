@@ -8,6 +8,7 @@
 #include "context.h"
 #include "driver.h"
 #include "log.h"
+#include "pacer.h"
 #include "pools.h"
 #include "track.h"
 
@@ -18,9 +19,17 @@ static enum vc_mode mode;
 static struct vc_limits limits;
 static struct vc_region *region;
 
-static void before_fork(void) { pthread_mutex_lock(&vc_local_lock); }
+static void before_fork(void)
+{
+    pthread_mutex_lock(&vc_local_lock);
+    vc_pacer_before_fork();
+}
 
-static void after_fork_in_parent(void) { pthread_mutex_unlock(&vc_local_lock); }
+static void after_fork_in_parent(void)
+{
+    vc_pacer_after_fork_in_parent();
+    pthread_mutex_unlock(&vc_local_lock);
+}
 
 /* The child is a new process: none of the parent's allocations, contexts or
  * account slot are its own. */
@@ -31,6 +40,7 @@ static void after_fork_in_child(void)
     vc_track_forked();
     vc_pools_forked();
     vc_contexts_forked();
+    vc_pacer_forked();
 }
 
 static void set_up(void)
@@ -60,8 +70,8 @@ static void set_up(void)
            (unsigned long long)limits.memory, limits.ndevices ? "the listed devices" : "every device",
            *limits.account ? limits.account : "private to this process and its children");
     if (limits.cores < 100)
-        vc_log(VC_LOG_WARN, "cores=%u: compute pacing is not enforced by this version",
-               limits.cores);
+        vc_log(VC_LOG_INFO, "cores=%u: kernel launches are paced to %u%% of each device's time",
+               limits.cores, limits.cores);
     mode = VC_ON;
 }
 
@@ -70,6 +80,8 @@ enum vc_mode vc_mode(void)
     pthread_once(&once, set_up);
     return mode;
 }
+
+bool vc_pacing(void) { return vc_mode() == VC_ON && limits.cores < 100; }
 
 const struct vc_limits *vc_limits(void) { return &limits; }
 

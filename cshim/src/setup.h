@@ -3,6 +3,7 @@
 #define VC_SETUP_H
 
 #include <pthread.h>
+#include <stdbool.h>
 
 #include "limits_file.h"
 #include "region.h"
@@ -15,6 +16,9 @@ enum vc_mode {
 
 /* Runs the set-up once (the first caller does the work) and tells its outcome. */
 enum vc_mode vc_mode(void);
+
+/* Whether kernel launches are paced: limits in force with cores below 100. */
+bool vc_pacing(void);
 
 /* The limits and the shared account; only valid when vc_mode() is VC_ON. */
 const struct vc_limits *vc_limits(void);

@@ -3,7 +3,8 @@
  * calls libvcuda.so covers with the driver's bookkeeping and errors: devices
  * (with CUDA_VISIBLE_DEVICES), contexts, allocations of every kind, pools that
  * keep freed memory until a synchronization, VMM granularity, and
- * cuGetProcAddress with versions and per-thread-stream flags. Device memory is
+ * cuGetProcAddress with versions and per-thread-stream flags; fake_gpu.c
+ * runs kernels, streams, events and capture. Device memory is
  * shared by all processes through fake_state.h; a context takes
  * VCUDA_FAKE_CONTEXT_MIB of it. A forked child starts with no CUDA state.
  */
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fake_gpu.h"
 #include "fake_state.h"
 
 /* The original (v1) names are exported too, as the real driver does. */
@@ -28,15 +30,10 @@ CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult cuMemGetInfo(unsigned int *free, unsigned int *total);
 CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
-#define PER_THREAD(name) CUresult name##_ptsz
 PER_THREAD(cuMemAllocAsync)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 PER_THREAD(cuMemAllocFromPoolAsync)(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                     CUstream hStream);
 PER_THREAD(cuMemFreeAsync)(CUdeviceptr dptr, CUstream hStream);
-PER_THREAD(cuStreamSynchronize)(CUstream hStream);
-PER_THREAD(cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                           unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
-                           void **extra);
 CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                         unsigned int flags, CUdevice dev);
@@ -162,6 +159,7 @@ static void forget_process_state(void)
     memset(default_pool, 0, sizeof default_pool);
     memset(current_pool, 0, sizeof current_pool);
     depth = 0;
+    fake_gpu_forget();
 }
 
 CUresult cuInit(unsigned int Flags)
@@ -395,6 +393,10 @@ static CUresult need_context(void)
         return CUDA_ERROR_NOT_INITIALIZED;
     return current && current->alive ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
+
+CUresult fake_need_context(void) { return need_context(); }
+
+int fake_current_device(void) { return physical(current->ordinal); }
 
 CUresult cuCtxGetDevice(CUdevice *device)
 {
@@ -823,22 +825,12 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 }
 
 /* A synchronization returns what each pool holds beyond its release threshold. */
-static CUresult synchronize(void)
+void fake_pools_synchronized(void)
 {
-    CUresult r = need_context();
-    for (int i = 0; r == CUDA_SUCCESS && i < MAX_POOLS; i++)
+    for (int i = 0; i < MAX_POOLS; i++)
         if (pools[i].alive)
             shrink(&pools[i], pools[i].threshold);
-    return r;
 }
-
-CUresult cuStreamSynchronize(CUstream hStream)
-{
-    (void)hStream;
-    return synchronize();
-}
-
-CUresult cuCtxSynchronize(void) { return synchronize(); }
 
 PER_THREAD(cuMemAllocAsync)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
@@ -853,24 +845,6 @@ PER_THREAD(cuMemAllocFromPoolAsync)(CUdeviceptr *dptr, size_t bytesize, CUmemory
 
 PER_THREAD(cuMemFreeAsync)(CUdeviceptr dptr, CUstream hStream) { return cuMemFreeAsync(dptr, hStream); }
 
-PER_THREAD(cuStreamSynchronize)(CUstream hStream) { return cuStreamSynchronize(hStream); }
-
-/* No module can be loaded here, so no function handle is valid. */
-CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                        unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
-                        void **extra)
-{
-    (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)s;
-    (void)params, (void)extra;
-    return ready() ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_NOT_INITIALIZED;
-}
-
-PER_THREAD(cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                           unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
-                           void **extra)
-{
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
-}
 
 CUresult cuGetErrorName(CUresult error, const char **pStr)
 {
@@ -885,6 +859,13 @@ CUresult cuGetErrorName(CUresult error, const char **pStr)
         {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"},
         {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND"},
         {CUDA_ERROR_NOT_PERMITTED, "CUDA_ERROR_NOT_PERMITTED"},
+        {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY"},
+        {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE"},
+        {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE"},
+        {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"},
+        {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"},
+        {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"},
+        {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"},
     };
     if (!pStr)
         return CUDA_ERROR_INVALID_VALUE;
@@ -964,8 +945,41 @@ static const struct entry entries[] = {
     E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool),
     E("cuStreamSynchronize", 2000, cuStreamSynchronize),
     PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz),
+    E("cuStreamCreate", 2000, cuStreamCreate),
+    E("cuStreamDestroy", 4000, cuStreamDestroy_v2),
+    E("cuStreamQuery", 2000, cuStreamQuery),
+    PT("cuStreamQuery", 7000, cuStreamQuery_ptsz),
+    E("cuModuleLoadData", 2000, cuModuleLoadData),
+    E("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    E("cuModuleUnload", 2000, cuModuleUnload),
     E("cuLaunchKernel", 4000, cuLaunchKernel),
     PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz),
+    E("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
+    E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    PT("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
+    E("cuEventCreate", 2000, cuEventCreate),
+    E("cuEventDestroy", 4000, cuEventDestroy_v2),
+    E("cuEventRecord", 2000, cuEventRecord),
+    PT("cuEventRecord", 7000, cuEventRecord_ptsz),
+    E("cuEventQuery", 2000, cuEventQuery),
+    E("cuEventSynchronize", 2000, cuEventSynchronize),
+    E("cuEventElapsedTime", 2000, cuEventElapsedTime),
+    E("cuEventElapsedTime", 12080, cuEventElapsedTime_v2),
+    E("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode),
+    E("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
+    PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
+    E("cuStreamEndCapture", 10000, cuStreamEndCapture),
+    PT("cuStreamEndCapture", 10000, cuStreamEndCapture_ptsz),
+    E("cuStreamIsCapturing", 10000, cuStreamIsCapturing),
+    PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
+    E("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    E("cuGraphLaunch", 10000, cuGraphLaunch),
+    PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
+    E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    E("cuGraphDestroy", 10000, cuGraphDestroy),
     E("cuGetErrorName", 6000, cuGetErrorName),
     E("cuGetProcAddress", 11030, cuGetProcAddress),
     E("cuGetProcAddress", 12000, cuGetProcAddress_v2),

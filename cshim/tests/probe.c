@@ -15,11 +15,33 @@
  *   fillwith COMMAND...  (repeats an allocation command until it fails)
  *   info | total DEV | nvml | wait | sleep MS | fork CMD;CMD... | hammer BYTES
  *   resolve | wrapped
+ *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
+ *   badlaunch N | threads
  * N is the number an allocation or context command printed. Sizes take a
  * K, M or G suffix (powers of 1024).
+ *
+ * Kernels: `module` loads a PTX "spin" kernel that runs for the nanoseconds
+ * of its parameter (on a GPU it spins on %globaltimer; the test double runs
+ * it for that simulated time). API is how it is launched: kernel
+ * (cuLaunchKernel), ex (cuLaunchKernelEx), coop (cuLaunchCooperativeKernel)
+ * or graph (cuGraphLaunch of a captured graph holding one launch).
+ *   load      THREADS threads launch spin kernels of NS back to back for MS
+ *             ms, round robin over STREAMS streams of their own (0: the
+ *             default stream), at most two checkpoints of 8 launches ahead;
+ *             prints "load API LAUNCHES WALL_NS SHARE": the kernels' time
+ *             over the wall time until all completed, in percent.
+ *   capture   captures COUNT launches in global mode on a new stream, while
+ *             launches made just before (5 of 10 ms) are still running, then
+ *             instantiates the graph; prints "capture RESULT NODES RECORDS":
+ *             RECORDS, events recorded into the capture (test double only,
+ *             else -).
+ *   replay    launches that graph back to back for MS ms, like load.
+ *   badlaunch makes N launches of a function that does not exist.
+ *   threads   prints how many threads the process has.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -29,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api.h"
@@ -69,6 +92,23 @@ struct api {
     CUresult (*GetProcAddress)(const char *, void **, int, cuuint64_t,
                                CUdriverProcAddressQueryResult *);
     CUresult (*GetErrorName)(CUresult, const char **);
+    CUresult (*ModuleLoadData)(CUmodule *, const void *);
+    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventSynchronize)(CUevent);
+    CUresult (*CtxSynchronize)(void);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*LaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
+    CUresult (*LaunchCooperativeKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                        unsigned, unsigned, unsigned, CUstream, void **);
+    CUresult (*StreamBeginCapture)(CUstream, CUstreamCaptureMode);
+    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*GraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
+    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
 };
 
 struct binding {
@@ -117,6 +157,21 @@ static const struct binding bindings[] = {
     BIND(StreamSynchronize, "cuStreamSynchronize", cuStreamSynchronize, 2000),
     BIND(GetProcAddress, "cuGetProcAddress", cuGetProcAddress_v2, 12000),
     BIND(GetErrorName, "cuGetErrorName", cuGetErrorName, 6000),
+    BIND(ModuleLoadData, "cuModuleLoadData", cuModuleLoadData, 2000),
+    BIND(ModuleGetFunction, "cuModuleGetFunction", cuModuleGetFunction, 2000),
+    BIND(StreamCreate, "cuStreamCreate", cuStreamCreate, 2000),
+    BIND(EventCreate, "cuEventCreate", cuEventCreate, 2000),
+    BIND(EventRecord, "cuEventRecord", cuEventRecord, 2000),
+    BIND(EventSynchronize, "cuEventSynchronize", cuEventSynchronize, 2000),
+    BIND(CtxSynchronize, "cuCtxSynchronize", cuCtxSynchronize, 2000),
+    BIND(LaunchKernel, "cuLaunchKernel", cuLaunchKernel, 4000),
+    BIND(LaunchKernelEx, "cuLaunchKernelEx", cuLaunchKernelEx, 11060),
+    BIND(LaunchCooperativeKernel, "cuLaunchCooperativeKernel", cuLaunchCooperativeKernel, 9000),
+    BIND(StreamBeginCapture, "cuStreamBeginCapture", cuStreamBeginCapture_v2, 10010),
+    BIND(StreamEndCapture, "cuStreamEndCapture", cuStreamEndCapture, 10000),
+    BIND(GraphGetNodes, "cuGraphGetNodes", cuGraphGetNodes, 10000),
+    BIND(GraphInstantiate, "cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040),
+    BIND(GraphLaunch, "cuGraphLaunch", cuGraphLaunch, 10000),
 };
 
 #define NBINDINGS (sizeof bindings / sizeof *bindings)
@@ -290,8 +345,7 @@ static void describe(void *fn, const char **lib, const char **sym)
  * are not) at several versions and stream flavours. */
 static void resolve_all(void)
 {
-    static const char *const extra[] = {"cuLaunchKernel", "cuMemFreeAsync", "cuStreamSynchronize",
-                                        "cuCtxGetDevice"};
+    static const char *const extra[] = {"cuMemFreeAsync", "cuStreamSynchronize", "cuCtxGetDevice"};
     static const int versions[] = {2000, 3020, 4000, 7000, 10020, 11000, 11020, 11040, 12000,
                                    12050, CUDA_VERSION};
     static const cuuint64_t flavours[] = {CU_GET_PROC_ADDRESS_DEFAULT,
@@ -301,7 +355,7 @@ static void resolve_all(void)
     char bases[64][128];
     int n = 0, nseen = 0;
 #define VC_BASE_NAME(sym, params, args) names[n++] = #sym;
-    VC_INTERCEPTED(VC_BASE_NAME, VC_BASE_NAME)
+    VC_INTERCEPTED(VC_BASE_NAME, VC_BASE_NAME, VC_BASE_NAME)
 #undef VC_BASE_NAME
     for (unsigned i = 0; i < sizeof extra / sizeof *extra; i++)
         names[n++] = extra[i];
@@ -374,6 +428,167 @@ static void *hammer(void *context)
             api.MemFree(p);
     }
     return NULL;
+}
+
+/* ---- kernels ---- */
+
+/* Spins for the nanoseconds of its parameter, on the GPU's global timer. */
+static const char spin_ptx[] = ".version 7.0\n"
+                               ".target sm_70\n"
+                               ".address_size 64\n"
+                               ".visible .entry spin(.param .u64 spin_ns)\n"
+                               "{\n"
+                               "    .reg .pred %p<2>;\n"
+                               "    .reg .b64 %rd<5>;\n"
+                               "    ld.param.u64 %rd1, [spin_ns];\n"
+                               "    mov.u64 %rd2, %globaltimer;\n"
+                               "$Lspin:\n"
+                               "    mov.u64 %rd3, %globaltimer;\n"
+                               "    sub.s64 %rd4, %rd3, %rd2;\n"
+                               "    setp.lt.u64 %p1, %rd4, %rd1;\n"
+                               "    @%p1 bra $Lspin;\n"
+                               "    ret;\n"
+                               "}\n";
+
+enum api_kind { API_KERNEL, API_EX, API_COOP, API_GRAPH };
+
+static CUfunction spin;
+static CUgraphExec captured;        /* the graph of `capture`, for `replay` */
+static uint64_t captured_ns;
+
+static enum api_kind api_kind(const char *word)
+{
+    static const char *const names[] = {"kernel", "ex", "coop", "graph"};
+    for (unsigned i = 0; i < sizeof names / sizeof *names; i++)
+        if (!strcmp(word, names[i]))
+            return (enum api_kind)i;
+    die("unknown launch API", word);
+    return API_KERNEL;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* One launch of spin for ns on stream s the way kind says (graph: launches exec). */
+static CUresult launch_spin(enum api_kind kind, uint64_t ns, CUstream s, CUgraphExec exec)
+{
+    void *params[] = {&ns};
+    CUlaunchConfig config = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 1,
+                             .blockDimY = 1, .blockDimZ = 1, .hStream = s};
+    switch (kind) {
+    case API_KERNEL:
+        return api.LaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, params, NULL);
+    case API_EX:
+        return api.LaunchKernelEx(&config, spin, params, NULL);
+    case API_COOP:
+        return api.LaunchCooperativeKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, params);
+    case API_GRAPH:
+        return api.GraphLaunch(exec, s);
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Captures count launches of spin for ns on a new stream; the graph's node
+ * count in *nodes. inner: the graph a graph launch launches. */
+static CUresult capture_graph(enum api_kind kind, uint64_t ns, int count, CUstreamCaptureMode mode,
+                              CUgraphExec inner, CUgraphExec *exec, size_t *nodes)
+{
+    CUstream s;
+    CUgraph graph = NULL;
+    CUresult r = api.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (r == CUDA_SUCCESS)
+        r = api.StreamBeginCapture(s, mode);
+    for (int i = 0; r == CUDA_SUCCESS && i < count; i++) {
+        r = launch_spin(kind, ns, s, inner);
+        /* Mid-capture, long enough for the shim's pacing thread to read events. */
+        if (i == count / 2)
+            usleep(20000);
+    }
+    CUresult ended = api.StreamEndCapture(s, &graph);
+    r = r != CUDA_SUCCESS ? r : ended;
+    *nodes = 0;
+    if (r == CUDA_SUCCESS)
+        r = api.GraphGetNodes(graph, NULL, nodes);
+    if (r == CUDA_SUCCESS)
+        r = api.GraphInstantiate(exec, graph, 0);
+    return r;
+}
+
+struct loader {
+    enum api_kind kind;
+    uint64_t ns;                    /* of a kernel */
+    CUgraphExec exec;               /* graph: what to launch (NULL: a graph of one kernel) */
+    int64_t until;
+    int nstreams;
+    CUcontext context;
+    long launches;
+    CUresult error;
+};
+
+#define CHECKPOINT 8
+#define MAX_LOAD_STREAMS 16
+
+/* Launches back to back until l->until, at most two checkpoints ahead. */
+static void *load_thread(void *arg)
+{
+    struct loader *l = arg;
+    CUstream streams[MAX_LOAD_STREAMS] = {0};
+    CUevent marks[2][MAX_LOAD_STREAMS];
+    int n = l->nstreams ? l->nstreams : 1;
+    size_t nodes;
+    api.CtxSetCurrent(l->context);
+    for (int i = 0; i < l->nstreams && !l->error; i++)
+        l->error = api.StreamCreate(&streams[i], CU_STREAM_NON_BLOCKING);
+    for (int i = 0; i < 2 * n && !l->error; i++)
+        l->error = api.EventCreate(&marks[i / n][i % n], CU_EVENT_DISABLE_TIMING);
+    if (!l->error && l->kind == API_GRAPH && !l->exec)
+        l->error = capture_graph(API_KERNEL, l->ns, 1, CU_STREAM_CAPTURE_MODE_RELAXED, NULL,
+                                 &l->exec, &nodes);
+    for (long round = 0; !l->error && now_ns() < l->until; round++) {
+        for (int k = 0; k < CHECKPOINT && !l->error; k++, l->launches++)
+            l->error = launch_spin(l->kind, l->ns, streams[l->launches % n], l->exec);
+        for (int i = 0; i < n && !l->error; i++) {
+            if (round >= 2)
+                api.EventSynchronize(marks[round % 2][i]);
+            l->error = api.EventRecord(marks[round % 2][i], streams[i]);
+        }
+    }
+    return NULL;
+}
+
+/* Runs threads loaders for ms and prints what they achieved. */
+static void load(const char *label, enum api_kind kind, uint64_t ns, CUgraphExec exec,
+                 uint64_t work_ns, int64_t ms, int nstreams, int threads)
+{
+    struct loader loaders[16];
+    pthread_t ids[16];
+    CUcontext ctx = NULL;
+    api.PrimaryCtxRetain(&ctx, current_device());
+    int64_t start = now_ns();
+    threads = threads < 1 ? 1 : threads > 16 ? 16 : threads;
+    for (int t = 0; t < threads; t++) {
+        loaders[t] = (struct loader){kind, ns, exec, start + ms * 1000000, nstreams, ctx, 0,
+                                     CUDA_SUCCESS};
+        pthread_create(&ids[t], NULL, load_thread, &loaders[t]);
+    }
+    long launches = 0;
+    CUresult error = CUDA_SUCCESS;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(ids[t], NULL);
+        launches += loaders[t].launches;
+        error = error ? error : loaders[t].error;
+    }
+    CUresult synced = api.CtxSynchronize();
+    int64_t wall = now_ns() - start;
+    if (error || synced)
+        out("%s %s\n", label, name(error ? error : synced));
+    else
+        out("%s %ld %lld %.2f\n", label, launches, (long long)wall,
+            100.0 * (double)launches * (double)work_ns / (double)wall);
 }
 
 static int run(char **cmd, int n);
@@ -573,13 +788,81 @@ static int step(char **cmd, int left)
         out("hammer %s\n", hammering ? "on" : "off");
         return 2;
     }
+    if (!strcmp(c, "module")) {
+        CUmodule module;
+        r = api.ModuleLoadData(&module, spin_ptx);
+        if (r == CUDA_SUCCESS)
+            r = api.ModuleGetFunction(&spin, module, "spin");
+        out("module %s\n", name(r));
+        return 1;
+    }
+    if (!strcmp(c, "load")) {
+        enum api_kind kind = api_kind(a1);
+        uint64_t ns = strtoull(a2, NULL, 10);
+        char label[64];
+        snprintf(label, sizeof label, "load %s", a1);
+        load(label, kind, ns, NULL, ns, atoll(a3), left > 4 ? atoi(cmd[4]) : 0,
+             left > 5 ? atoi(cmd[5]) : 1);
+        return 6;
+    }
+    if (!strcmp(c, "capture")) {
+        enum api_kind kind = api_kind(a1);
+        uint64_t ns = strtoull(a2, NULL, 10);
+        int count = atoi(a3);
+        CUgraphExec inner = NULL;
+        size_t nodes = 0;
+        r = kind == API_GRAPH ? capture_graph(API_KERNEL, ns, 1, CU_STREAM_CAPTURE_MODE_RELAXED,
+                                              NULL, &inner, &nodes)
+                              : CUDA_SUCCESS;
+        /* Work still running while the capture goes on: the pacing thread reads its events. */
+        CUstream busy;
+        if (r == CUDA_SUCCESS)
+            r = api.StreamCreate(&busy, CU_STREAM_NON_BLOCKING);
+        for (int i = 0; r == CUDA_SUCCESS && i < 5; i++)
+            r = launch_spin(API_KERNEL, 10000000, busy, NULL);
+        if (r == CUDA_SUCCESS)
+            r = capture_graph(kind, ns, count, CU_STREAM_CAPTURE_MODE_GLOBAL, inner, &captured,
+                              &nodes);
+        captured_ns = ns * (uint64_t)count;
+        unsigned long (*records)(void) = (unsigned long (*)(void))dlsym(RTLD_DEFAULT,
+                                                                       "fakeRecordsInCapture");
+        char counted[32] = "-";
+        if (records)
+            snprintf(counted, sizeof counted, "%lu", records());
+        out("capture %s %zu %s\n", name(r), nodes, counted);
+        return 4;
+    }
+    if (!strcmp(c, "badlaunch")) {
+        void *params[] = {&(uint64_t){1000}};
+        r = CUDA_SUCCESS;
+        for (int i = 0; i < atoi(a1); i++)
+            r = api.LaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+        out("badlaunch %s\n", name(r));
+        return 2;
+    }
+    if (!strcmp(c, "threads")) {
+        DIR *d = opendir("/proc/self/task");
+        int n = 0;
+        for (struct dirent *e; d && (e = readdir(d));)
+            n += e->d_name[0] != '.';
+        if (d)
+            closedir(d);
+        out("threads %d\n", n);
+        return 1;
+    }
+    if (!strcmp(c, "replay")) {
+        if (!captured)
+            die("replay needs a capture first", NULL);
+        load("replay", API_GRAPH, 0, captured, captured_ns, atoll(a1), 1, 1);
+        return 2;
+    }
     if (!strcmp(c, "resolve")) {
         resolve_all();
         return 1;
     }
     if (!strcmp(c, "wrapped")) {
 #define VC_PRINT(sym, params, args) out("wrapped %s\n", #sym);
-        VC_INTERCEPTED(VC_PRINT, VC_PRINT)
+        VC_INTERCEPTED(VC_PRINT, VC_PRINT, VC_PRINT)
 #undef VC_PRINT
         return 1;
     }

@@ -141,25 +141,39 @@ def info(lines: list[list[str]]) -> tuple[int, int]:
     return int(last[2]), int(last[3])
 
 
-# The shared account's layout (version 1), as cshim/README.md documents it.
+# The shared account's layout (version 2), as cshim/README.md documents it.
 ACCOUNT_MAGIC = b"VCUDAACC"
+ACCOUNT_VERSION = 2
 HEADER = struct.Struct("<8sIIIIIIqII")
 UUIDS_AT, UUID_SIZE, LOCK_AT = 64, 96, 1600
+GPU_NS_AT = 1856
 SLOTS_AT, SLOT = 4096, struct.Struct("<iIQ16Q")
+
+
+def _uuids(data: bytes) -> list[str]:
+    """The account's device table, checking its header on the way."""
+    magic, version, _, max_devices, _, slot_size, _, _, ndevices, _ = HEADER.unpack_from(data)
+    assert (magic, version, max_devices, slot_size) == (ACCOUNT_MAGIC, ACCOUNT_VERSION, 16,
+                                                        SLOT.size)
+    raw = (data[UUIDS_AT + dev * UUID_SIZE : UUIDS_AT + (dev + 1) * UUID_SIZE]
+           for dev in range(ndevices))
+    return [entry.split(b"\0")[0].decode() for entry in raw]
 
 
 def account_used(path: Path) -> dict[str, int]:
     """Bytes in use per device UUID, summed over the account's slots, as a reader would."""
     data = path.read_bytes()
-    magic, version, _, max_devices, _, slot_size, _, _, ndevices, bound = HEADER.unpack_from(data)
-    assert (magic, version, max_devices, slot_size) == (ACCOUNT_MAGIC, 1, 16, SLOT.size)
-    used: dict[str, int] = {}
-    for dev in range(ndevices):
-        raw = data[UUIDS_AT + dev * UUID_SIZE : UUIDS_AT + (dev + 1) * UUID_SIZE]
-        uuid = raw.split(b"\0")[0].decode()
-        slots = (SLOT.unpack_from(data, SLOTS_AT + i * SLOT.size) for i in range(bound))
-        used[uuid] = sum(slot[3 + dev] for slot in slots if slot[0])
-    return used
+    bound = HEADER.unpack_from(data)[-1]
+    slots = [SLOT.unpack_from(data, SLOTS_AT + i * SLOT.size) for i in range(bound)]
+    return {uuid: sum(slot[3 + dev] for slot in slots if slot[0])
+            for dev, uuid in enumerate(_uuids(data))}
+
+
+def account_gpu_ns(path: Path) -> dict[str, int]:
+    """GPU time (ns) charged to the container per device UUID, as a reader would."""
+    data = path.read_bytes()
+    return {uuid: struct.unpack_from("<Q", data, GPU_NS_AT + 8 * dev)[0]
+            for dev, uuid in enumerate(_uuids(data))}
 
 
 def write_slot(path: Path, index: int, pid: int, start: int, used_on_first_device: int) -> None:

@@ -23,7 +23,8 @@ def wrapped(gpu: FakeGpu) -> set[str]:
 def test_cuGetProcAddress_hands_out_the_wrapper_of_exactly_the_version_the_driver_chose(
     gpu: FakeGpu, mode: str
 ) -> None:
-    gpu.limit(1 << 30)
+    # A core limit: kernel launches are wrapped too.
+    gpu.limit(1 << 30, cores=50)
     driver = resolutions(gpu, shim=False, mode=mode)
     shimmed = resolutions(gpu, shim=True, mode=mode)
     names = wrapped(gpu)
@@ -32,8 +33,9 @@ def test_cuGetProcAddress_hands_out_the_wrapper_of_exactly_the_version_the_drive
         expected_library = "libvcuda.so" if symbol in names else library
         assert shimmed[key] == [result, expected_library, symbol], key
     # The table covers old and new versions, both stream flavours, and refusals.
-    assert {"cuMemAlloc_v2", "cuMemAllocAsync_ptsz", "cuCtxCreate_v2", "cuCtxCreate_v4"} <= {
-        symbol for _, _, symbol in shimmed.values()
+    assert {"cuMemAlloc_v2", "cuMemAllocAsync_ptsz", "cuCtxCreate_v2", "cuCtxCreate_v4",
+            "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuGraphLaunch_ptsz"} <= {
+        symbol for _, library, symbol in shimmed.values() if library == "libvcuda.so"
     }
     assert ["CUDA_ERROR_NOT_FOUND", "-", "-"] in shimmed.values()
 
@@ -57,11 +59,21 @@ def test_each_version_gets_its_own_wrapper_and_a_version_not_wrapped_the_driver_
     assert resolved[("cuMemGetInfo", "3020", "0")][1:] == ["libvcuda.so", "cuMemGetInfo_v2"]
 
 
-def test_kernel_launches_are_not_wrapped_in_any_flavour(gpu: FakeGpu) -> None:
-    gpu.limit(1 << 30)
-    launches = {k: v for k, v in resolutions(gpu, shim=True).items() if k[0] == "cuLaunchKernel"}
+LAUNCHES = ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch")
+
+
+@pytest.mark.parametrize("cores", [100, None], ids=["cores=100", "no-cores-key"])
+def test_without_a_core_limit_launches_are_the_drivers_own_in_every_flavour(
+    gpu: FakeGpu, cores: int | None
+) -> None:
+    path = gpu.limit(1 << 30)
+    if cores is None:
+        path.write_text("".join(line for line in path.read_text().splitlines(True)
+                                if not line.startswith("cores=")))
+    launches = {k: v for k, v in resolutions(gpu, shim=True).items() if k[0] in LAUNCHES}
     assert {v[1] for v in launches.values() if v[0] == "CUDA_SUCCESS"} == {"libcuda.so.1"}
-    assert ["CUDA_SUCCESS", "libcuda.so.1", "cuLaunchKernel_ptsz"] in launches.values()
+    assert {"cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchCooperativeKernel_ptsz",
+            "cuGraphLaunch"} <= {v[2] for v in launches.values()}
 
 
 def test_without_a_limits_file_nothing_is_wrapped(gpu: FakeGpu) -> None:

@@ -1,0 +1,39 @@
+/*
+ * A container's share of a device's time, as a bucket of GPU time that all
+ * its processes share through one 64-bit word of the account, updated
+ * without a lock. The word holds the moment (CLOCK_MONOTONIC, ns) at which
+ * the bucket is level again: each launch pushes it forward by its GPU time
+ * divided by the share, wall time catches up with it, and a launch waits
+ * while it lies in the future (the generic cell rate algorithm).
+ */
+#ifndef VC_BUCKET_H
+#define VC_BUCKET_H
+
+#include <stdint.h>
+#include <time.h>
+
+/* Idle wall time the bucket saves up. */
+#define VC_BUCKET_BURST_NS (10 * 1000 * 1000LL)
+/* How far the bucket may run ahead of wall time before a launch waits: so
+ * launches go in bursts, most of which queue behind one another on the
+ * device rather than each starting it from idle. */
+#define VC_BUCKET_SLACK_NS (1000 * 1000LL)
+/* The most debt it holds, in wall time: no launch ever waits longer than this. */
+#define VC_BUCKET_DEBT_NS (2 * 1000 * 1000 * 1000LL)
+
+/* The bucket's clock: CLOCK_MONOTONIC in ns, the same in every process. */
+static inline int64_t vc_clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Wall time (ns) a launch must wait at now before it may go; 0: at once. */
+int64_t vc_bucket_wait(const int64_t *bucket, int64_t now);
+
+/* Charges gpu_ns of GPU time (negative: gives it back) to a bucket that
+ * fills at percent of wall time. */
+void vc_bucket_charge(int64_t *bucket, int64_t now, int64_t gpu_ns, unsigned percent);
+
+#endif

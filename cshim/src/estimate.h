@@ -1,0 +1,29 @@
+/*
+ * A kernel's GPU time, from timed launches of it. A launch's events measure
+ * its kernel plus whatever else ran on the device between them: kernels of
+ * other streams sharing the SMs, other processes' time slices, the device
+ * starting up from idle. That only ever adds, and adds a lot, while a
+ * kernel's own time varies little from launch to launch. So the estimate
+ * starts from the floor, the fastest sample seen lately (it rises slowly, so
+ * that a kernel that got slower is followed), and is the mean of the recent
+ * samples close to it: stretched samples are left out.
+ */
+#ifndef VC_ESTIMATE_H
+#define VC_ESTIMATE_H
+
+#include <stdint.h>
+
+#define VC_ESTIMATE_SAMPLES 16
+
+struct vc_estimate {
+    int64_t sample[VC_ESTIMATE_SAMPLES];   /* the latest samples, ns, in a ring */
+    uint32_t count;                        /* samples taken (the ring holds the last ones) */
+    uint32_t next;
+    int64_t floor, floor_at;               /* the fastest sample lately, and when */
+    int64_t ns;                            /* the estimate; valid once count > 0 */
+};
+
+/* Adds a sample of ns taken at now (ns, any clock) and updates the estimate. */
+void vc_estimate_add(struct vc_estimate *e, int64_t ns, int64_t now);
+
+#endif

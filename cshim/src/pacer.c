@@ -1,0 +1,630 @@
+/* Paces kernel launches against the container's GPU-time bucket and times each of them. */
+#define _GNU_SOURCE
+#include "pacer.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bucket.h"
+#include "devices.h"
+#include "driver.h"
+#include "estimate.h"
+#include "log.h"
+#include "setup.h"
+
+#define MAX_CONTEXTS 8
+#define KERNELS 1024            /* estimates kept, direct-mapped by key */
+#define RECORDS 1024            /* timed launches not read yet, in launch order */
+#define EVENTS 2048             /* per context: two per record */
+#define EVENTS_LOW 64           /* the thread adds events to a context below this */
+#define EVENTS_BATCH 256
+#define REFS 4                  /* reference events per context, by generation */
+#define REBASE_NS 500000000LL   /* a new reference this often: float ms stay exact to 0.1 us */
+#define BATCH 256               /* records the thread reads at a time */
+#define FIRST_GUESS_NS 100000   /* charged for a kernel never measured, before any other was */
+#define TICK_NS 1000000         /* the thread reads completed events this often */
+#define NAP_NS 20000000         /* a waiting launch looks at the bucket again this often */
+#define REPORT_NS 1000000000LL  /* the thread logs each device's share this often (info) */
+
+/* A reference event on the context's own stream: a point of its timeline. */
+struct ref {
+    CUevent event;
+    int64_t offset;             /* ns from the first reference */
+};
+
+struct vc_pacer_context {
+    CUcontext ctx;              /* NULL: a free entry */
+    CUdevice ordinal;
+    int device;                 /* in the account; -1: a device without limits */
+    unsigned created, nfree;
+    int64_t published;          /* the newest complete reference; -1: none yet */
+    int64_t published_at;       /* when it was recorded */
+    /* The thread's own, touched without the lock while it reads: */
+    CUstream own;               /* a non-blocking stream for the references */
+    bool broken;                /* no stream or references: no timeline */
+    struct ref refs[REFS];
+    int64_t recorded, recorded_at, complete;
+    int64_t covered;            /* the context is known busy up to here on its timeline */
+    CUevent free[EVENTS];
+};
+
+struct kernel {
+    uint64_t key;               /* 0: a free entry */
+    int device;
+    uint32_t untimed_guesses;   /* launches charged a guess and not timed: corrected */
+    int64_t untimed_guess_ns;   /* when the first estimate comes */
+    struct vc_estimate estimate;
+};
+
+enum record_state { OPEN, ENDED, VOID };
+
+struct record {
+    struct vc_pacer_context *context;   /* NULL: its context is gone */
+    CUevent start, end;
+    uint64_t key;
+    int device;
+    int64_t generation;         /* the reference it is placed against; -1: none */
+    int64_t charged;
+    enum record_state state;
+};
+
+/* What the thread read of one record, outside the lock. */
+struct reading {
+    bool complete, readable;
+    int64_t start, end;         /* on the context's timeline; start < 0: not placed */
+    int64_t ns;                 /* end - start as the events tell */
+};
+
+/* Guarded by lock, which is never held across a driver call. */
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;     /* work for the thread */
+static pthread_cond_t settled = PTHREAD_COND_INITIALIZER;  /* the thread stopped reading */
+static struct vc_pacer_context contexts[MAX_CONTEXTS];
+static struct kernel kernels[KERNELS];
+static struct record records[RECORDS];
+static uint32_t head, tail;     /* records head..tail-1 are in use, in launch order */
+static bool started, stopping, reading;
+static bool forgot;              /* a context went: the thread's current one may be gone */
+static int64_t typical_ns = FIRST_GUESS_NS;   /* the guess for a kernel not measured yet */
+static uint64_t last_gpu_ns[VC_MAX_DEVICES];
+static unsigned measured;       /* launches read since the last report */
+
+/* ---- the bucket ---- */
+
+static void nap(int64_t ns)
+{
+    struct timespec ts = {ns / 1000000000, ns % 1000000000};
+    nanosleep(&ts, NULL);
+}
+
+static void charge(int device, int64_t gpu_ns)
+{
+    struct vc_region *r = vc_region();
+    vc_bucket_charge(&r->bucket[device], vc_clock_ns(), gpu_ns, vc_limits()->cores);
+    __atomic_add_fetch(&r->gpu_ns[device], (uint64_t)gpu_ns, __ATOMIC_RELAXED);
+}
+
+/* Waits, holding no lock, until the device's bucket lets a launch through. */
+static void wait_for(int device)
+{
+    int64_t *bucket = &vc_region()->bucket[device];
+    int64_t wait;
+    while ((wait = vc_bucket_wait(bucket, vc_clock_ns())) > 0)
+        /* Other launches and corrections move the bucket meanwhile: look again now and then. */
+        nap(wait < NAP_NS ? wait : NAP_NS);
+}
+
+/* ---- contexts, kernels and records (lock held) ---- */
+
+static struct vc_pacer_context *find_context(CUcontext ctx)
+{
+    for (int i = 0; i < MAX_CONTEXTS; i++)
+        if (contexts[i].ctx == ctx)
+            return &contexts[i];
+    return NULL;
+}
+
+static struct kernel *kernel_of(uint64_t key)
+{
+    struct kernel *k = &kernels[key % KERNELS];
+    return k->key == key ? k : NULL;
+}
+
+static struct kernel *claim_kernel(uint64_t key, int device)
+{
+    struct kernel *k = &kernels[key % KERNELS];
+    if (k->key != key) {
+        /* Another kernel's estimate makes room; its launches in flight find no entry. */
+        memset(k, 0, sizeof *k);
+        k->key = key;
+        k->device = device;
+    }
+    return k;
+}
+
+/* Takes a record with two of the context's events for launch l; false if none is free. */
+static bool take_record(struct vc_launch *l, int64_t now)
+{
+    struct vc_pacer_context *c = l->context;
+    if (c->nfree < EVENTS_LOW)
+        pthread_cond_signal(&wake);
+    if (c->nfree < 2 || tail - head == RECORDS)
+        return false;
+    l->record = tail++;
+    /* A reference older than a rebase or two places launches imprecisely. */
+    bool placed = c->published >= 0 && now - c->published_at < 3 * REBASE_NS;
+    records[l->record % RECORDS] = (struct record){
+        c, c->free[c->nfree - 1], c->free[c->nfree - 2], l->key, l->device,
+        placed ? c->published : -1, l->charged, OPEN};
+    c->nfree -= 2;
+    return true;
+}
+
+/* The untimed launch l of a kernel without an estimate is corrected when one comes. */
+static void remember_guess(const struct vc_launch *l)
+{
+    struct kernel *k = kernel_of(l->key);
+    if (l->guessed && k) {
+        k->untimed_guesses++;
+        k->untimed_guess_ns += l->charged;
+    }
+}
+
+/* ---- the thread that reads the events ---- */
+
+/* Takes a measurement of kernel k into account. */
+static void learn(struct kernel *k, int64_t ns)
+{
+    vc_estimate_add(&k->estimate, ns, vc_clock_ns());
+    typical_ns = k->estimate.ns;
+    if (k->estimate.count == 1) {
+        vc_log(VC_LOG_DEBUG, "kernel %016llx takes %lld ns", (unsigned long long)k->key,
+               (long long)k->estimate.ns);
+        charge(k->device, k->estimate.ns * k->untimed_guesses - k->untimed_guess_ns);
+        k->untimed_guesses = 0;
+        k->untimed_guess_ns = 0;
+    }
+}
+
+/* Charges what record r really cost: the busy time it added to its context,
+ * at most its kernel's estimate (what exceeds it was someone else's). */
+static void settle(struct record *r, const struct reading *m)
+{
+    struct kernel *k = kernel_of(r->key);
+    int64_t cap = k && k->estimate.count ? k->estimate.ns : INT64_MAX;
+    int64_t cost = m->ns;
+    if (m->start >= 0) {
+        struct vc_pacer_context *c = r->context;
+        int64_t from = m->start > c->covered ? m->start : c->covered;
+        cost = m->end > from ? m->end - from : 0;
+        if (m->end > c->covered)
+            c->covered = m->end;
+    }
+    if (k)
+        learn(k, m->ns);
+    charge(r->device, (cost < cap ? cost : cap) - r->charged);
+    measured++;
+}
+
+/* The context that needs the thread's help: a stream, references or events. */
+static struct vc_pacer_context *needy_context(void)
+{
+    for (int i = 0; i < MAX_CONTEXTS; i++) {
+        struct vc_pacer_context *c = &contexts[i];
+        if (c->ctx && c->device >= 0
+            && ((!c->own && !c->broken) || (c->nfree < EVENTS_LOW && c->created < EVENTS)))
+            return c;
+    }
+    return NULL;
+}
+
+static bool set_current(CUcontext ctx, CUcontext *current)
+{
+    if (ctx == *current)
+        return true;
+    if (vc_real_cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+        return false;
+    *current = ctx;
+    return true;
+}
+
+/* Outside the lock: the context's own stream and references, then up to
+ * want events into made. */
+static unsigned equip(struct vc_pacer_context *c, CUcontext *current, CUevent *made,
+                      unsigned want)
+{
+    if (!set_current(c->ctx, current))
+        return 0;
+    if (!c->own && !c->broken) {
+        c->broken = vc_real_cuStreamCreate(&c->own, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
+        for (int i = 0; i < REFS && !c->broken; i++)
+            c->broken = vc_real_cuEventCreate(&c->refs[i].event, CU_EVENT_DEFAULT) != CUDA_SUCCESS;
+        c->recorded = c->complete = -1;
+        if (c->broken)
+            vc_log(VC_LOG_WARN, "no stream or events for the timeline of a context: its "
+                   "launches are charged without it");
+    }
+    unsigned n = 0;
+    while (n < want && vc_real_cuEventCreate(&made[n], CU_EVENT_DEFAULT) == CUDA_SUCCESS)
+        n++;
+    return n;
+}
+
+/* Outside the lock: moves the context's references on. A reference is
+ * recorded on the context's own stream, idle so it completes at once; once
+ * complete, launches are placed against it. */
+static void advance_references(struct vc_pacer_context *c, CUcontext *current, int64_t now)
+{
+    if (!c->own || c->broken || !set_current(c->ctx, current))
+        return;
+    if (c->recorded > c->complete) {
+        struct ref *fresh = &c->refs[c->recorded % REFS];
+        if (vc_real_cuEventQuery(fresh->event) != CUDA_SUCCESS)
+            return;
+        float ms = 0;
+        if (c->complete >= 0 && vc_real_cuEventElapsedTime(&ms, c->refs[c->complete % REFS].event,
+                                                           fresh->event) != CUDA_SUCCESS) {
+            c->recorded = c->complete;   /* try again later */
+            return;
+        }
+        fresh->offset = c->complete >= 0 ? c->refs[c->complete % REFS].offset
+                                                + (int64_t)((double)ms * 1e6)
+                                         : 0;
+        c->complete = c->recorded;
+    } else if (c->complete < 0 || now - c->recorded_at >= REBASE_NS) {
+        if (vc_real_cuEventRecord(c->refs[(c->recorded + 1) % REFS].event, c->own) == CUDA_SUCCESS) {
+            c->recorded++;
+            c->recorded_at = now;
+        }
+    }
+}
+
+/* ns from ref to event, or -1. */
+static int64_t since(CUevent ref, CUevent event)
+{
+    float ms;
+    if (vc_real_cuEventElapsedTime(&ms, ref, event) != CUDA_SUCCESS || ms < 0)
+        return -1;
+    return (int64_t)((double)ms * 1e6);
+}
+
+/* Outside the lock: what record r's events tell, once its launch is complete. */
+static void read_record(const struct record *r, struct reading *m, CUcontext *current)
+{
+    *m = (struct reading){false, false, -1, -1, 0};
+    struct vc_pacer_context *c = r->context;
+    if (!set_current(c->ctx, current))
+        return;
+    CUresult q = vc_real_cuEventQuery(r->end);
+    if (q == CUDA_ERROR_NOT_READY)
+        return;
+    m->complete = true;
+    float ms;
+    if (q != CUDA_SUCCESS || vc_real_cuEventElapsedTime(&ms, r->start, r->end) != CUDA_SUCCESS
+        || ms < 0)
+        return;
+    m->readable = true;
+    m->ns = (int64_t)((double)ms * 1e6);
+    /* Its reference is still there if no more than REFS - 1 newer ones were recorded. */
+    if (r->generation >= 0 && c->recorded - r->generation < REFS - 1) {
+        const struct ref *ref = &c->refs[r->generation % REFS];
+        int64_t s = since(ref->event, r->start), e = since(ref->event, r->end);
+        if (s >= 0 && e >= s) {
+            m->start = ref->offset + s;
+            m->end = ref->offset + e;
+        }
+    }
+}
+
+/* Logs each device's share charged to the container (info level). */
+static void report(int64_t now, int64_t *last)
+{
+    if (now - *last < REPORT_NS)
+        return;
+    struct vc_region *r = vc_region();
+    bool done[VC_MAX_DEVICES] = {false};
+    for (int i = 0; i < MAX_CONTEXTS; i++) {
+        int dev = contexts[i].device;
+        if (!contexts[i].ctx || dev < 0 || done[dev])
+            continue;
+        done[dev] = true;
+        uint64_t total = __atomic_load_n(&r->gpu_ns[dev], __ATOMIC_RELAXED);
+        if (last_gpu_ns[dev])
+            vc_log(VC_LOG_INFO, "%s: %.1f%% of the device's time charged to the container over "
+                   "%.2f s; %u launches read here", r->uuid[dev],
+                   100.0 * (double)(int64_t)(total - last_gpu_ns[dev]) / (double)(now - *last),
+                   (double)(now - *last) / 1e9, measured);
+        last_gpu_ns[dev] = total;
+    }
+    measured = 0;
+    *last = now;
+}
+
+static bool has_work(void)
+{
+    return needy_context() || (head != tail && records[head % RECORDS].state != OPEN);
+}
+
+/* One round of the thread: equips a needy context, moves references on,
+ * reads completed launches in launch order, charges them. Called with the
+ * lock held; drops it while it calls the driver. */
+static void read_round(CUcontext *current)
+{
+    static struct reading readings[BATCH];
+    static CUevent made[EVENTS_BATCH];
+    struct vc_pacer_context *needy = needy_context();
+    unsigned want = needy && needy->created < EVENTS ? EVENTS - needy->created : 0;
+    struct vc_pacer_context *live[MAX_CONTEXTS];
+    int nlive = 0;
+    for (int i = 0; i < MAX_CONTEXTS; i++)
+        if (contexts[i].ctx && contexts[i].device >= 0)
+            live[nlive++] = &contexts[i];
+    if (forgot)
+        *current = NULL;
+    forgot = false;
+    uint32_t first = head, n = 0;
+    while (n < BATCH && first + n != tail && records[(first + n) % RECORDS].state != OPEN)
+        n++;
+    reading = true;
+    pthread_mutex_unlock(&lock);
+
+    unsigned nmade = needy ? equip(needy, current, made, want < EVENTS_BATCH ? want : EVENTS_BATCH)
+                           : 0;
+    int64_t now = vc_clock_ns();
+    for (int i = 0; i < nlive; i++)
+        advance_references(live[i], current, now);
+    uint32_t done = 0;
+    for (; done < n; done++) {
+        const struct record *r = &records[(first + done) % RECORDS];
+        if (r->state == VOID || !r->context)
+            continue;
+        read_record(r, &readings[done], current);
+        if (!readings[done].complete)
+            break;
+    }
+
+    pthread_mutex_lock(&lock);
+    reading = false;
+    pthread_cond_broadcast(&settled);
+    if (needy) {
+        /* A context that gives no more events is not asked again. */
+        needy->created = nmade ? needy->created + nmade : EVENTS;
+        for (unsigned i = 0; i < nmade; i++)
+            needy->free[needy->nfree++] = made[i];
+    }
+    for (int i = 0; i < MAX_CONTEXTS; i++)
+        if (contexts[i].ctx && contexts[i].complete > contexts[i].published) {
+            contexts[i].published = contexts[i].complete;
+            contexts[i].published_at = contexts[i].recorded_at;
+        }
+    for (uint32_t i = 0; i < done; i++) {
+        struct record *r = &records[(first + i) % RECORDS];
+        if (r->state == ENDED && r->context && readings[i].readable)
+            settle(r, &readings[i]);
+        if (r->context) {
+            r->context->free[r->context->nfree++] = r->start;
+            r->context->free[r->context->nfree++] = r->end;
+        }
+    }
+    head = first + done;
+}
+
+static void *pacer_main(void *unused)
+{
+    (void)unused;
+    /* Reading events while another thread captures a graph in the global mode
+     * must not invalidate its capture. */
+    CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    vc_real_cuThreadExchangeStreamCaptureMode(&relaxed);
+    CUcontext current = NULL;
+    int64_t last_report = vc_clock_ns();
+    pthread_mutex_lock(&lock);
+    while (!stopping) {
+        if (!has_work()) {
+            pthread_cond_wait(&wake, &lock);
+            continue;
+        }
+        read_round(&current);
+        report(vc_clock_ns(), &last_report);
+        pthread_mutex_unlock(&lock);
+        nap(TICK_NS);
+        pthread_mutex_lock(&lock);
+    }
+    pthread_mutex_unlock(&lock);
+    return NULL;
+}
+
+/* At exit, before the CUDA runtime tears the driver down, the thread stops
+ * calling it. */
+static void stop_at_exit(void)
+{
+    pthread_mutex_lock(&lock);
+    stopping = true;
+    pthread_cond_signal(&wake);
+    while (reading)
+        pthread_cond_wait(&settled, &lock);
+    pthread_mutex_unlock(&lock);
+}
+
+static void register_exit(void) { atexit(stop_at_exit); }
+
+static void start_thread(void)
+{
+    static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+    if (started)
+        return;
+    started = true;
+    pthread_once(&exit_once, register_exit);
+    /* Signals stay with the program's own threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t thread;
+    int rc = pthread_create(&thread, NULL, pacer_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        vc_log(VC_LOG_ERROR, "cannot start the pacing thread: launches are charged estimates "
+               "that are never measured");
+        return;
+    }
+    pthread_setname_np(thread, "vcuda-pacer");
+    pthread_detach(thread);
+}
+
+/* ---- launches ---- */
+
+/* The entry of ctx, the current context, added if new; NULL when all are taken. */
+static struct vc_pacer_context *add_context(CUcontext ctx)
+{
+    CUdevice ordinal;
+    if (vc_real_cuCtxGetDevice(&ordinal) != CUDA_SUCCESS)
+        return NULL;
+    const struct vc_device *d = vc_device_of(ordinal);
+    pthread_mutex_lock(&lock);
+    struct vc_pacer_context *c = find_context(ctx);
+    if (!c && (c = find_context(NULL))) {
+        memset(c, 0, offsetof(struct vc_pacer_context, free));
+        c->ctx = ctx;
+        c->ordinal = ordinal;
+        c->device = d ? d->index : -1;
+        c->published = -1;
+        pthread_cond_signal(&wake);
+    }
+    pthread_mutex_unlock(&lock);
+    if (!c)
+        vc_log(VC_LOG_WARN, "more than %d contexts: launches in the others are not paced",
+               MAX_CONTEXTS);
+    return c;
+}
+
+static CUresult record_event(CUevent event, const struct vc_launch *l)
+{
+    return l->ptsz ? vc_real_cuEventRecord_ptsz(event, l->stream)
+                   : vc_real_cuEventRecord(event, l->stream);
+}
+
+/* Closes launch l's record: ENDED, or VOID when its timing failed. */
+static void close_record(struct vc_launch *l, enum record_state state)
+{
+    pthread_mutex_lock(&lock);
+    struct record *r = &records[l->record % RECORDS];
+    if (r->context == l->context && r->state == OPEN) {
+        r->state = state;
+        pthread_cond_signal(&wake);
+    }
+    if (state == VOID)
+        remember_guess(l);
+    pthread_mutex_unlock(&lock);
+}
+
+bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t key)
+{
+    if (!vc_pacing())
+        return false;
+    /* A launch into a capturing stream is recorded in a graph, not run: the
+     * graph's launches are paced instead. */
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = ptsz ? vc_real_cuStreamIsCapturing_ptsz(stream, &status)
+                      : vc_real_cuStreamIsCapturing(stream, &status);
+    CUcontext ctx = NULL;
+    if (r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
+        || vc_real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+        return false;
+    pthread_mutex_lock(&lock);
+    struct vc_pacer_context *c = find_context(ctx);
+    pthread_mutex_unlock(&lock);
+    if (!c && !(c = add_context(ctx)))
+        return false;
+    pthread_mutex_lock(&lock);
+    bool paced = c->ctx == ctx && c->device >= 0;
+    *l = (struct vc_launch){c, stream, ptsz, false, false, 0, c->device, key, 0};
+    if (paced)
+        start_thread();
+    pthread_mutex_unlock(&lock);
+    if (!paced)
+        return false;
+
+    wait_for(l->device);
+
+    pthread_mutex_lock(&lock);
+    struct kernel *k = claim_kernel(key, l->device);
+    l->guessed = k->estimate.count == 0;
+    l->charged = l->guessed ? typical_ns : k->estimate.ns;
+    l->timed = take_record(l, vc_clock_ns());
+    pthread_mutex_unlock(&lock);
+    charge(l->device, l->charged);
+    if (l->timed && record_event(records[l->record % RECORDS].start, l) != CUDA_SUCCESS) {
+        close_record(l, VOID);
+        l->timed = false;
+    }
+    return true;
+}
+
+CUresult vc_pacer_end(struct vc_launch *l, CUresult result)
+{
+    if (result != CUDA_SUCCESS) {
+        charge(l->device, -l->charged);
+        if (l->timed) {
+            l->guessed = false;   /* nothing ran: nothing to correct */
+            close_record(l, VOID);
+        }
+        return result;
+    }
+    if (l->timed)
+        close_record(l, record_event(records[l->record % RECORDS].end, l) == CUDA_SUCCESS ? ENDED
+                                                                                          : VOID);
+    else if (l->guessed) {
+        pthread_mutex_lock(&lock);
+        remember_guess(l);
+        pthread_mutex_unlock(&lock);
+    }
+    return result;
+}
+
+/* ---- contexts that go, fork ---- */
+
+static void forget(CUcontext ctx, CUdevice ordinal, bool by_context)
+{
+    if (!vc_pacing())
+        return;
+    pthread_mutex_lock(&lock);
+    /* The thread may be reading this context's events: let it finish. */
+    while (reading)
+        pthread_cond_wait(&settled, &lock);
+    for (int i = 0; i < MAX_CONTEXTS; i++) {
+        struct vc_pacer_context *c = &contexts[i];
+        if (!c->ctx || (by_context ? c->ctx != ctx : c->ordinal != ordinal))
+            continue;
+        /* Its events go with it. */
+        for (uint32_t j = head; j != tail; j++)
+            if (records[j % RECORDS].context == c)
+                records[j % RECORDS].context = NULL;
+        c->ctx = NULL;
+        forgot = true;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void vc_pacer_forget_context(CUcontext ctx) { forget(ctx, 0, true); }
+
+void vc_pacer_forget_device(CUdevice ordinal) { forget(NULL, ordinal, false); }
+
+void vc_pacer_before_fork(void) { pthread_mutex_lock(&lock); }
+
+void vc_pacer_after_fork_in_parent(void) { pthread_mutex_unlock(&lock); }
+
+void vc_pacer_forked(void)
+{
+    pthread_mutex_init(&lock, NULL);
+    pthread_cond_init(&wake, NULL);
+    pthread_cond_init(&settled, NULL);
+    memset(contexts, 0, sizeof contexts);
+    memset(kernels, 0, sizeof kernels);
+    memset(last_gpu_ns, 0, sizeof last_gpu_ns);
+    head = tail = measured = 0;
+    started = stopping = reading = forgot = false;
+    typical_ns = FIRST_GUESS_NS;
+}

@@ -1,0 +1,786 @@
+/*
+ * The test double's device: modules with kernels that "run" for a simulated
+ * time, streams, events, stream capture and graphs, on the real clock
+ * (CLOCK_MONOTONIC, as the driver's events are to the host).
+ *
+ * Kernels come from a PTX text (cuModuleLoadData; any ".entry NAME" is a
+ * function). A launch runs for the nanoseconds its first parameter points to
+ * (a uint64_t), as the spin kernel of the tests does on a real GPU. The
+ * device runs one kernel at a time, for all processes (its timeline is in
+ * the shared state), as a time-sliced GPU does for processes and a kernel
+ * that fills it does for streams: a stream's work starts when both the
+ * stream and the device are free. An event completes when the work recorded
+ * before it on its stream does, and, as a process's channels only run in
+ * its time slices, not while another process's kernel runs; its time is
+ * that moment.
+ *
+ * Capture follows the driver: a launch or graph launch into a capturing
+ * stream adds a node instead of running; an event recorded into it marks
+ * the stream's position in the capture (and is counted, for the tests:
+ * fakeRecordsInCapture); the legacy stream cannot be captured, and using it
+ * while a blocking stream captures invalidates that capture. Querying or
+ * synchronizing (streams, events, the context) from a thread whose capture
+ * mode forbids it while a capture runs fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_gpu.h"
+#include "fake_state.h"
+
+#undef cuEventElapsedTime
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+
+#define MAX_MODULES 16
+#define MAX_FUNCTIONS 64
+#define MAX_STREAMS 256
+#define MAX_EVENTS 8192
+#define MAX_GRAPHS 256
+
+struct module {
+    bool alive;
+    char *text;
+};
+
+struct function {
+    bool alive;
+    struct module *module;
+};
+
+struct graph {
+    bool alive;
+    unsigned nodes;
+    int64_t ns;              /* the nodes run one after another */
+};
+
+struct stream {
+    bool alive;
+    bool blocking;           /* synchronizes with the legacy stream */
+    int64_t tail;            /* when the work recorded on it so far ends */
+    CUstreamCaptureStatus capture;
+    CUstreamCaptureMode mode;
+    pthread_t capturer;
+    struct graph *graph;     /* being captured */
+};
+
+struct event {
+    bool alive, recorded, captured;
+    unsigned flags;
+    int64_t time;
+};
+
+/* Index 0 is the legacy stream; per-thread streams take entries like created ones. */
+static struct module modules[MAX_MODULES];
+static struct function functions[MAX_FUNCTIONS];
+static struct stream streams[MAX_STREAMS];
+static struct event events[MAX_EVENTS];
+static struct graph graphs[MAX_GRAPHS];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned long records_in_capture;
+static __thread struct stream *per_thread;
+static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+#define LEGACY (&streams[0])
+
+/* A call and its _ptsz twin, made by impl(args..., per_thread_default). What
+ * the double has no use for (shared memory sizes, extra launch arguments) is
+ * left unused. */
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#define TWINS(name, params, impl, ...)                                                             \
+    CUresult name params { return impl(__VA_ARGS__, false); }                                      \
+    CUresult name##_ptsz params { return impl(__VA_ARGS__, true); }
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void sleep_until(int64_t t)
+{
+    for (int64_t left; (left = t - now_ns()) > 0;) {
+        struct timespec ts = {left / 1000000000, left % 1000000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void fake_gpu_forget(void)
+{
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_MODULES; i++)
+        free(modules[i].text);
+    memset(modules, 0, sizeof modules);
+    memset(functions, 0, sizeof functions);
+    memset(streams, 0, sizeof streams);
+    memset(events, 0, sizeof events);
+    memset(graphs, 0, sizeof graphs);
+    streams[0] = (struct stream){.alive = true, .blocking = true};
+    records_in_capture = 0;
+    per_thread = NULL;
+    pthread_mutex_unlock(&lock);
+}
+
+unsigned long fakeRecordsInCapture(void)
+{
+    pthread_mutex_lock(&lock);
+    unsigned long n = records_in_capture;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* ---- handles (lock held) ---- */
+
+static void *first_free(void *table, size_t size, size_t n, size_t alive)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!*(bool *)((char *)table + i * size + alive))
+            return (char *)table + i * size;
+    return NULL;
+}
+
+/* The first entry of a table of structures that is not alive, or NULL. */
+#define FREE_ENTRY(table)                                                                          \
+    ((__typeof__(&(table)[0]))first_free(table, sizeof *(table), sizeof(table) / sizeof *(table), \
+                                         offsetof(__typeof__((table)[0]), alive)))
+
+/* The stream a handle names; per_thread_default: a _ptsz call, where 0 is the per-thread stream. */
+static struct stream *stream_of(CUstream h, bool per_thread_default)
+{
+    if ((!h && per_thread_default) || h == CU_STREAM_PER_THREAD) {
+        if (!per_thread && (per_thread = FREE_ENTRY(streams)))
+            *per_thread = (struct stream){.alive = true, .blocking = true};
+        return per_thread;
+    }
+    if (!h || h == CU_STREAM_LEGACY)
+        return LEGACY;
+    struct stream *s = (struct stream *)h;
+    return s > LEGACY && s < streams + MAX_STREAMS && s->alive ? s : NULL;
+}
+
+static struct event *event_of(CUevent h)
+{
+    struct event *e = (struct event *)h;
+    return e >= events && e < events + MAX_EVENTS && e->alive ? e : NULL;
+}
+
+static struct graph *graph_of(void *h)
+{
+    struct graph *g = h;
+    return g >= graphs && g < graphs + MAX_GRAPHS && g->alive ? g : NULL;
+}
+
+static struct graph *new_graph(unsigned nodes, int64_t ns)
+{
+    struct graph *g = FREE_ENTRY(graphs);
+    if (g)
+        *g = (struct graph){true, nodes, ns};
+    return g;
+}
+
+/* ---- capture (lock held) ---- */
+
+static bool blocking_capture(void)
+{
+    for (int i = 1; i < MAX_STREAMS; i++)
+        if (streams[i].alive && streams[i].blocking
+            && streams[i].capture == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+            return true;
+    return false;
+}
+
+static void invalidate(bool blocking_only)
+{
+    for (int i = 1; i < MAX_STREAMS; i++)
+        if (streams[i].alive && streams[i].capture == CU_STREAM_CAPTURE_STATUS_ACTIVE
+            && (!blocking_only || streams[i].blocking))
+            streams[i].capture = CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+}
+
+/* A query or synchronization: refused (and the captures invalidated) when
+ * the thread's capture mode forbids it while a capture runs. */
+static CUresult unsafe_call(void)
+{
+    if (thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    pthread_t self = pthread_self();
+    bool forbidden = false;
+    for (int i = 1; i < MAX_STREAMS && !forbidden; i++) {
+        const struct stream *s = &streams[i];
+        if (!s->alive || s->capture != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+            continue;
+        bool own = pthread_equal(s->capturer, self);
+        forbidden = own ? s->mode != CU_STREAM_CAPTURE_MODE_RELAXED
+                        : thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL
+                              && s->mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+    }
+    if (!forbidden)
+        return CUDA_SUCCESS;
+    invalidate(false);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+/* Where work on s may start: after its own, and the legacy stream and the
+ * blocking streams wait for one another. */
+static int64_t ready_at(const struct stream *s)
+{
+    int64_t t = s->tail;
+    if (s == LEGACY) {
+        for (int i = 1; i < MAX_STREAMS; i++)
+            if (streams[i].alive && streams[i].blocking && streams[i].tail > t)
+                t = streams[i].tail;
+    } else if (s->blocking && LEGACY->tail > t) {
+        t = LEGACY->tail;
+    }
+    return t;
+}
+
+static struct fake_timeline *timeline_locked(void)
+{
+    struct fake_timeline *t = &fake_state()->timeline[fake_current_device()];
+    while (__atomic_exchange_n(&t->lock, 1, __ATOMIC_ACQUIRE))
+        sched_yield();
+    return t;
+}
+
+static void timeline_unlock(struct fake_timeline *t) { __atomic_store_n(&t->lock, 0, __ATOMIC_RELEASE); }
+
+/* Runs ns of work on s: once s and the device are both free. */
+static void run(struct stream *s, int64_t ns)
+{
+    int64_t start = ready_at(s), now = now_ns();
+    struct fake_timeline *t = timeline_locked();
+    int64_t begin = start > now ? start : now;
+    begin = t->busy_until > begin ? t->busy_until : begin;
+    t->busy_until = s->tail = begin + ns;
+    t->kernel[t->next].start = begin;
+    t->kernel[t->next].end = begin + ns;
+    t->kernel[t->next].pid = getpid();
+    t->next = (t->next + 1) % FAKE_INTERVALS;
+    timeline_unlock(t);
+}
+
+/* When an event recorded now on s completes: after s's work, outside other processes' kernels. */
+static int64_t event_at(const struct stream *s)
+{
+    int64_t at = ready_at(s), now = now_ns();
+    at = at > now ? at : now;
+    struct fake_timeline *t = timeline_locked();
+    for (unsigned i = 0; i < FAKE_INTERVALS; i++) {
+        unsigned k = (t->next + i) % FAKE_INTERVALS;
+        if (t->kernel[k].pid != getpid() && t->kernel[k].start <= at && at < t->kernel[k].end)
+            at = t->kernel[k].end;
+    }
+    timeline_unlock(t);
+    return at;
+}
+
+/* Whether work can be put on s; *captured: it joins s's capture rather than run. */
+static CUresult work_on(struct stream *s, bool *captured)
+{
+    *captured = s && s->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (!s)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (s->capture == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    if (s == LEGACY && blocking_capture()) {
+        invalidate(true);
+        return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Launches ns of work on stream h (or adds a node to its capture). */
+static CUresult submit(CUstream h, bool per_thread_default, int64_t ns)
+{
+    pthread_mutex_lock(&lock);
+    struct stream *s = stream_of(h, per_thread_default);
+    bool captured;
+    CUresult r = work_on(s, &captured);
+    if (r == CUDA_SUCCESS && captured) {
+        s->graph->nodes++;
+        s->graph->ns += ns;
+    } else if (r == CUDA_SUCCESS) {
+        run(s, ns);
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+/* ---- modules and launches ---- */
+
+CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!module || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!strstr(image, ".entry "))
+        return CUDA_ERROR_INVALID_IMAGE;
+    pthread_mutex_lock(&lock);
+    struct module *m = FREE_ENTRY(modules);
+    if (m)
+        *m = (struct module){true, strdup(image)};
+    pthread_mutex_unlock(&lock);
+    *module = (CUmodule)m;
+    return m ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static struct module *module_of(CUmodule h)
+{
+    struct module *m = (struct module *)h;
+    return m >= modules && m < modules + MAX_MODULES && m->alive ? m : NULL;
+}
+
+/* Whether the PTX text declares an entry called name. */
+static bool declares(const char *text, const char *name)
+{
+    size_t len = strlen(name);
+    for (const char *p = text; (p = strstr(p, ".entry ")); p++) {
+        const char *n = p + 7;
+        if (strncmp(n, name, len) == 0 && (n[len] == '(' || n[len] == ' ' || n[len] == '\n'))
+            return true;
+    }
+    return false;
+}
+
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    if (!hfunc || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct module *m = module_of(hmod);
+    bool found = m && declares(m->text, name);
+    struct function *fn = found ? FREE_ENTRY(functions) : NULL;
+    if (fn)
+        *fn = (struct function){true, m};
+    pthread_mutex_unlock(&lock);
+    *hfunc = (CUfunction)fn;
+    return fn ? CUDA_SUCCESS
+              : !m ? CUDA_ERROR_INVALID_HANDLE : found ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuModuleUnload(CUmodule hmod)
+{
+    pthread_mutex_lock(&lock);
+    struct module *m = module_of(hmod);
+    if (m) {
+        for (int i = 0; i < MAX_FUNCTIONS; i++)
+            if (functions[i].module == m)
+                functions[i] = (struct function){0};
+        free(m->text);
+        *m = (struct module){0};
+    }
+    pthread_mutex_unlock(&lock);
+    return m ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* The checks of a kernel launch; its simulated time in *ns. */
+static CUresult check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                             unsigned by, unsigned bz, void **params, int64_t *ns)
+{
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    struct function *fn = (struct function *)f;
+    pthread_mutex_lock(&lock);
+    bool live = fn >= functions && fn < functions + MAX_FUNCTIONS && fn->alive;
+    pthread_mutex_unlock(&lock);
+    if (!live)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!params || !params[0])
+        return CUDA_ERROR_INVALID_VALUE;
+    *ns = (int64_t) * (const uint64_t *)params[0];
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, CUstream s, void **params, bool per_thread)
+{
+    int64_t ns;
+    CUresult r = check_launch(f, gx, gy, gz, bx, by, bz, params, &ns);
+    return r == CUDA_SUCCESS ? submit(s, per_thread, ns) : r;
+}
+
+static CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, void **params, bool per_thread)
+{
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
+                  c->blockDimZ, c->hStream, params, per_thread);
+}
+
+TWINS(cuLaunchKernel,
+      (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+       unsigned shared, CUstream s, void **params, void **extra),
+      launch, f, gx, gy, gz, bx, by, bz, s, params)
+TWINS(cuLaunchCooperativeKernel,
+      (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+       unsigned shared, CUstream s, void **params),
+      launch, f, gx, gy, gz, bx, by, bz, s, params)
+TWINS(cuLaunchKernelEx,
+      (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra),
+      launch_ex, config, f, kernelParams)
+
+/* ---- streams ---- */
+
+CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!phStream || (Flags & ~CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct stream *s = FREE_ENTRY(streams);
+    if (s)
+        *s = (struct stream){.alive = true, .blocking = !(Flags & CU_STREAM_NON_BLOCKING)};
+    pthread_mutex_unlock(&lock);
+    *phStream = (CUstream)s;
+    return s ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    pthread_mutex_lock(&lock);
+    struct stream *s = hStream && hStream != CU_STREAM_LEGACY && hStream != CU_STREAM_PER_THREAD
+                           ? stream_of(hStream, false) : NULL;
+    if (s)
+        s->alive = false;
+    pthread_mutex_unlock(&lock);
+    return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* When the work on stream h ends (after checking the call is allowed); -1 on error in *r. */
+static int64_t stream_end(CUstream h, bool per_thread_default, CUresult *r)
+{
+    pthread_mutex_lock(&lock);
+    struct stream *s = stream_of(h, per_thread_default);
+    int64_t end = -1;
+    if (!s)
+        *r = CUDA_ERROR_INVALID_HANDLE;
+    else if (s->capture != CU_STREAM_CAPTURE_STATUS_NONE)
+        *r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    else if ((*r = unsafe_call()) == CUDA_SUCCESS)
+        end = ready_at(s);
+    pthread_mutex_unlock(&lock);
+    return end;
+}
+
+static CUresult stream_synchronize(CUstream h, bool per_thread_default)
+{
+    CUresult r = fake_need_context();
+    int64_t end = r == CUDA_SUCCESS ? stream_end(h, per_thread_default, &r) : -1;
+    if (end < 0)
+        return r;
+    sleep_until(end);
+    fake_pools_synchronized();
+    return CUDA_SUCCESS;
+}
+
+TWINS(cuStreamSynchronize, (CUstream hStream), stream_synchronize, hStream)
+
+static CUresult stream_query(CUstream h, bool per_thread_default)
+{
+    CUresult r = fake_need_context();
+    int64_t end = r == CUDA_SUCCESS ? stream_end(h, per_thread_default, &r) : -1;
+    if (end < 0)
+        return r;
+    return end <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+TWINS(cuStreamQuery, (CUstream hStream), stream_query, hStream)
+
+CUresult cuCtxSynchronize(void)
+{
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&lock);
+    int64_t end = 0;
+    if ((r = unsafe_call()) == CUDA_SUCCESS)
+        for (int i = 0; i < MAX_STREAMS; i++)
+            if (streams[i].alive && streams[i].tail > end)
+                end = streams[i].tail;
+    pthread_mutex_unlock(&lock);
+    if (r != CUDA_SUCCESS)
+        return r;
+    sleep_until(end);
+    fake_pools_synchronized();
+    return CUDA_SUCCESS;
+}
+
+/* ---- events ---- */
+
+CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!phEvent || (Flags & ~known)
+        || ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct event *e = FREE_ENTRY(events);
+    if (e)
+        *e = (struct event){.alive = true, .flags = Flags};
+    pthread_mutex_unlock(&lock);
+    *phEvent = (CUevent)e;
+    return e ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    pthread_mutex_lock(&lock);
+    struct event *e = event_of(hEvent);
+    if (e)
+        e->alive = false;
+    pthread_mutex_unlock(&lock);
+    return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult event_record(CUevent hEvent, CUstream hStream, bool per_thread_default)
+{
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&lock);
+    struct event *e = event_of(hEvent);
+    struct stream *s = stream_of(hStream, per_thread_default);
+    bool captured;
+    if (!e || (r = work_on(s, &captured)) != CUDA_SUCCESS) {
+        r = e ? r : CUDA_ERROR_INVALID_HANDLE;
+    } else if (captured) {
+        /* It marks the stream's place in the capture, for other streams to join. */
+        records_in_capture++;
+        e->captured = true;
+    } else {
+        *e = (struct event){true, true, false, e->flags, event_at(s)};
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+TWINS(cuEventRecord, (CUevent hEvent, CUstream hStream), event_record, hEvent, hStream)
+
+/* The time event h completes (0: no work recorded), after the call checks; -1 with *r on error. */
+static int64_t event_time(CUevent h, CUresult *r)
+{
+    pthread_mutex_lock(&lock);
+    struct event *e = event_of(h);
+    int64_t t = -1;
+    if (!e)
+        *r = CUDA_ERROR_INVALID_HANDLE;
+    else if (e->captured)
+        *r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    else if ((*r = unsafe_call()) == CUDA_SUCCESS)
+        t = e->recorded ? e->time : 0;
+    pthread_mutex_unlock(&lock);
+    return t;
+}
+
+CUresult cuEventQuery(CUevent hEvent)
+{
+    CUresult r;
+    int64_t t = event_time(hEvent, &r);
+    if (t < 0)
+        return r;
+    return t <= now_ns() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult cuEventSynchronize(CUevent hEvent)
+{
+    CUresult r;
+    int64_t t = event_time(hEvent, &r);
+    if (t < 0)
+        return r;
+    sleep_until(t);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    if (!pMilliseconds)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct event *a = event_of(hStart), *b = event_of(hEnd);
+    int64_t now = now_ns();
+    CUresult r = CUDA_SUCCESS;
+    if (!a || !b || !a->recorded || !b->recorded
+        || ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING))
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (a->time > now || b->time > now)
+        r = CUDA_ERROR_NOT_READY;
+    else
+        *pMilliseconds = (float)((double)(b->time - a->time) / 1e6);
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    return cuEventElapsedTime(pMilliseconds, hStart, hEnd);
+}
+
+/* ---- capture and graphs ---- */
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    if (!mode || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = thread_mode;
+    thread_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool per_thread_default)
+{
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct stream *s = stream_of(h, per_thread_default);
+    struct graph *g = NULL;
+    if (!s)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (s == LEGACY)
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    else if (s->capture != CU_STREAM_CAPTURE_STATUS_NONE)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    else if (!(g = new_graph(0, 0)))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    else {
+        s->capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        s->mode = mode;
+        s->capturer = pthread_self();
+        s->graph = g;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+TWINS(cuStreamBeginCapture_v2, (CUstream hStream, CUstreamCaptureMode mode), begin_capture,
+      hStream, mode)
+
+static CUresult end_capture(CUstream h, CUgraph *phGraph, bool per_thread_default)
+{
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct stream *s = stream_of(h, per_thread_default);
+    CUresult r = CUDA_SUCCESS;
+    if (!s)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (s->capture == CU_STREAM_CAPTURE_STATUS_NONE)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    else if (s->mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(s->capturer, pthread_self()))
+        r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    else {
+        bool valid = s->capture == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        if (!valid)
+            s->graph->alive = false;
+        *phGraph = valid ? (CUgraph)s->graph : NULL;
+        s->capture = CU_STREAM_CAPTURE_STATUS_NONE;
+        s->graph = NULL;
+        r = valid ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+TWINS(cuStreamEndCapture, (CUstream hStream, CUgraph *phGraph), end_capture, hStream, phGraph)
+
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status, bool per_thread_default)
+{
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct stream *s = stream_of(h, per_thread_default);
+    CUresult r = CUDA_SUCCESS;
+    if (!s)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (s == LEGACY && blocking_capture())
+        r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    else
+        *status = s->capture;
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+TWINS(cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus *captureStatus),
+      is_capturing, hStream, captureStatus)
+
+CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
+{
+    if (!numNodes)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct graph *g = graph_of(hGraph);
+    if (g && nodes)
+        for (size_t i = 0; i < *numNodes && i < g->nodes; i++)
+            nodes[i] = (CUgraphNode)(uintptr_t)(i + 1);
+    if (g)
+        *numNodes = g->nodes;
+    pthread_mutex_unlock(&lock);
+    return g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                     unsigned long long flags)
+{
+    (void)flags;
+    if (!phGraphExec)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct graph *g = graph_of(hGraph), *exec = g ? new_graph(g->nodes, g->ns) : NULL;
+    if (exec)
+        *phGraphExec = (CUgraphExec)exec;
+    pthread_mutex_unlock(&lock);
+    return exec ? CUDA_SUCCESS : g ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult destroy_graph(void *h)
+{
+    pthread_mutex_lock(&lock);
+    struct graph *g = graph_of(h);
+    if (g)
+        g->alive = false;
+    pthread_mutex_unlock(&lock);
+    return g ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) { return destroy_graph(hGraph); }
+
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) { return destroy_graph(hGraphExec); }
+
+static CUresult graph_launch(CUgraphExec h, CUstream s, bool per_thread_default)
+{
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&lock);
+    struct graph *exec = graph_of(h);
+    int64_t ns = exec ? exec->ns : 0;
+    pthread_mutex_unlock(&lock);
+    /* Launched into a capture, the whole graph becomes one (child graph) node. */
+    return exec ? submit(s, per_thread_default, ns) : CUDA_ERROR_INVALID_VALUE;
+}
+
+TWINS(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), graph_launch, hGraphExec,
+      hStream)

@@ -1,0 +1,39 @@
+/*
+ * The test double's device work (fake_gpu.c) and what it needs from the rest
+ * of the double (fake_cuda.c): the current context and the pools that a
+ * synchronization trims. Also the per-thread-stream entry points, which
+ * cuda.h declares only for builds that ask for them.
+ */
+#ifndef FAKE_GPU_H
+#define FAKE_GPU_H
+
+#include <cuda.h>
+
+/* fake_cuda.c */
+CUresult fake_need_context(void);      /* CUDA_SUCCESS when a live context is current */
+int fake_current_device(void);         /* the physical device of the current context */
+void fake_pools_synchronized(void);    /* pools give back what exceeds their threshold */
+
+/* fake_gpu.c */
+void fake_gpu_forget(void);            /* a new process: no streams, events, modules, graphs */
+unsigned long fakeRecordsInCapture(void);
+
+#define PER_THREAD(name) CUresult name##_ptsz
+PER_THREAD(cuStreamSynchronize)(CUstream hStream);
+PER_THREAD(cuStreamQuery)(CUstream hStream);
+PER_THREAD(cuEventRecord)(CUevent hEvent, CUstream hStream);
+PER_THREAD(cuStreamBeginCapture_v2)(CUstream hStream, CUstreamCaptureMode mode);
+PER_THREAD(cuStreamEndCapture)(CUstream hStream, CUgraph *phGraph);
+PER_THREAD(cuStreamIsCapturing)(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+PER_THREAD(cuGraphLaunch)(CUgraphExec hGraphExec, CUstream hStream);
+PER_THREAD(cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                           unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
+                           void **extra);
+PER_THREAD(cuLaunchKernelEx)(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                             void **extra);
+PER_THREAD(cuLaunchCooperativeKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                      unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                                      CUstream s, void **params);
+CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
+
+#endif

@@ -1,0 +1,161 @@
+/*
+ * Drives the pacing logic of libvcuda.so (bucket.c, estimate.c) on a
+ * simulated clock, so CI checks its arithmetic exactly, apart from any
+ * driver or scheduler:
+ *
+ *   share PERCENT KERNEL_US SECONDS LAUNCHERS OVERSHOOT_US
+ *       LAUNCHERS programs launch kernels of KERNEL_US back to back through
+ *       one bucket onto a device that runs one kernel at a time. A launch
+ *       waits as the shim's does; each wait oversleeps by OVERSHOOT_US, as
+ *       timers do. Prints "share MIN MAX": the device's busy time over every
+ *       2-second window (sliding by 10 ms), in percent.
+ *   idle PERCENT KERNEL_US IDLE_MS
+ *       After IDLE_MS without launches, one program launches back to back:
+ *       prints "share FIRST", its share in the first 2-second window.
+ *   debt PERCENT KERNEL_MS
+ *       Prints "wait MS": how long the launch after one such kernel waits.
+ *   estimate KERNEL_US NOISE_PCT STRETCHED_PCT STRETCH_US SAMPLES SEED
+ *       Feeds SAMPLES samples of a kernel (KERNEL_US, +-NOISE_PCT uniform),
+ *       STRETCHED_PCT of them stretched by up to STRETCH_US (other work
+ *       between the events), one a millisecond. Prints "estimate NS mean NS":
+ *       the estimate and the mean of the unstretched samples.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bucket.h"
+#include "estimate.h"
+
+#define MS 1000000LL
+#define SLOT (10 * MS)
+#define WINDOW_SLOTS 200
+#define LAUNCH_NS 3000      /* CPU time of one launch call */
+#define MAX_LAUNCHERS 16
+
+static int64_t *busy;       /* busy ns per 10 ms slot */
+static int64_t nslots;
+
+/* Marks [start, end) busy in the slots. */
+static void mark(int64_t start, int64_t end)
+{
+    for (int64_t t = start; t < end;) {
+        int64_t slot = t / SLOT, next = (slot + 1) * SLOT;
+        int64_t stop = end < next ? end : next;
+        if (slot < nslots)
+            busy[slot] += stop - t;
+        t = stop;
+    }
+}
+
+static void windows(int64_t from_slot, double *min, double *max)
+{
+    *min = 1e9;
+    *max = 0;
+    for (int64_t first = from_slot; first + WINDOW_SLOTS <= nslots; first++) {
+        int64_t sum = 0;
+        for (int64_t i = first; i < first + WINDOW_SLOTS; i++)
+            sum += busy[i];
+        double share = 100.0 * (double)sum / (double)(WINDOW_SLOTS * SLOT);
+        *min = share < *min ? share : *min;
+        *max = share > *max ? share : *max;
+    }
+}
+
+/* Launchers (each its own clock) share one bucket and one device from start to end. */
+static void simulate(unsigned percent, int64_t kernel, int launchers, int64_t overshoot,
+                     int64_t start, int64_t end, int64_t *bucket)
+{
+    int64_t clock[MAX_LAUNCHERS], device_free = start;
+    for (int i = 0; i < launchers; i++)
+        clock[i] = start + i * LAUNCH_NS / launchers;
+    for (;;) {
+        int who = 0;
+        for (int i = 1; i < launchers; i++)
+            who = clock[i] < clock[who] ? i : who;
+        int64_t now = clock[who];
+        if (now >= end)
+            return;
+        int64_t wait = vc_bucket_wait(bucket, now);
+        if (wait > 0) {
+            clock[who] = now + wait + overshoot;
+            continue;
+        }
+        vc_bucket_charge(bucket, now, kernel, percent);
+        int64_t begin = now > device_free ? now : device_free;
+        device_free = begin + kernel;
+        mark(begin, device_free);
+        clock[who] = now + LAUNCH_NS;
+    }
+}
+
+static uint64_t rng = 88172645463325252ULL;
+
+static double uniform(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *what = argc > 1 ? argv[1] : "";
+    int64_t bucket = 0;
+    if (!strcmp(what, "share") && argc == 7) {
+        int64_t seconds = atoll(argv[4]);
+        nslots = seconds * 1000 * MS / SLOT;
+        busy = calloc((size_t)nslots, sizeof *busy);
+        simulate((unsigned)atoi(argv[2]), atoll(argv[3]) * 1000, atoi(argv[5]),
+                 atoll(argv[6]) * 1000, 0, seconds * 1000 * MS, &bucket);
+        double min, max;
+        windows(0, &min, &max);
+        printf("share %.2f %.2f\n", min, max);
+        return 0;
+    }
+    if (!strcmp(what, "idle") && argc == 5) {
+        int64_t idle = atoll(argv[4]) * MS;
+        nslots = (idle + 2000 * MS) / SLOT;
+        busy = calloc((size_t)nslots, sizeof *busy);
+        bucket = 0;   /* last used long before */
+        simulate((unsigned)atoi(argv[2]), atoll(argv[3]) * 1000, 1, 0, idle, idle + 2000 * MS,
+                 &bucket);
+        double min, max;
+        windows(idle / SLOT, &min, &max);
+        printf("share %.2f\n", max);
+        return 0;
+    }
+    if (!strcmp(what, "debt") && argc == 4) {
+        int64_t now = 1000 * 1000 * MS;
+        bucket = now;
+        vc_bucket_charge(&bucket, now, atoll(argv[3]) * MS, (unsigned)atoi(argv[2]));
+        printf("wait %.3f\n", (double)vc_bucket_wait(&bucket, now) / MS);
+        return 0;
+    }
+    if (!strcmp(what, "estimate") && argc == 8) {
+        double kernel = atof(argv[2]) * 1000, noise = atof(argv[3]) / 100;
+        double stretched = atof(argv[4]) / 100, stretch = atof(argv[5]) * 1000;
+        int samples = atoi(argv[6]);
+        rng += (uint64_t)atoll(argv[7]);
+        struct vc_estimate e = {0};
+        double clean = 0;
+        int nclean = 0;
+        for (int i = 0; i < samples; i++) {
+            double ns = kernel * (1 + noise * (2 * uniform() - 1));
+            if (uniform() < stretched) {
+                ns += stretch * uniform();
+            } else {
+                clean += ns;
+                nclean++;
+            }
+            /* One launch a millisecond. */
+            vc_estimate_add(&e, (int64_t)ns, i * MS);
+        }
+        printf("estimate %lld mean %.0f\n", (long long)e.ns, nclean ? clean / nclean : 0.0);
+        return 0;
+    }
+    fprintf(stderr, "usage: pacing_sim share|idle|debt|estimate ... (see the source)\n");
+    return 2;
+}

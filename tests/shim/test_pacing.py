@@ -1,0 +1,212 @@
+"""Kernel launches are paced to the container's share of the device, on the test double.
+
+The double's device runs each spin kernel for the simulated time its launch
+asks for, one kernel at a time for all processes, and its events report
+those times; the probe measures the share its kernels got of the wall time.
+The pacing arithmetic alone is checked on a simulated clock (pacing_sim).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.shim.harness import GIB, TESTS, FakeGpu, account_gpu_ns, fake_uuid
+
+MS = 1_000_000
+US = 1_000
+BAND = 5  # percentage points, as the issue asks
+LOAD = ("init", "ctx", "0", "module")
+
+
+def sim(*words: object) -> list[str]:
+    """pacing_sim's one line of output, split."""
+    result = subprocess.run([str(TESTS / "pacing_sim"), *map(str, words)], capture_output=True,
+                            text=True, timeout=60, check=True)
+    return result.stdout.split()
+
+
+def load(api: str, kernel_ns: int, ms: int, streams: int = 0, threads: int = 1) -> tuple[str, ...]:
+    return ("load", api, str(kernel_ns), str(ms), str(streams), str(threads))
+
+
+def share(lines: list[list[str]], label: str = "load") -> float:
+    """The share a load (or replay) line reports; fails on a line with an error."""
+    found = [line for line in lines if line[0] == label or line[:2] == ["child", label]]
+    assert found, lines
+    words = found[-1][1:] if found[-1][0] == "child" else found[-1]
+    assert len(words) >= 4 and not words[-1].startswith("CUDA_ERROR"), words
+    return float(words[-1])
+
+
+def limited(gpu: FakeGpu, cores: int) -> FakeGpu:
+    gpu.limit(4 * GIB, cores=cores)
+    return gpu
+
+
+def concurrently(*runs: tuple[FakeGpu, tuple[str, ...]]) -> list[list[list[str]]]:
+    """Runs probes at once (each with its GPU's limits); their outputs, split."""
+    processes = [
+        subprocess.Popen(gpu.command(*words), env=gpu.environment(), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for gpu, words in runs
+    ]
+    outputs = []
+    for process in processes:
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        outputs.append([line.split() for line in out.splitlines()])
+    return outputs
+
+
+# ---- the arithmetic, on a simulated clock ----
+
+
+@pytest.mark.parametrize(
+    ("percent", "kernel_us", "launchers", "oversleep_us"),
+    [(10, 1700, 1, 50), (30, 10, 1, 50), (30, 1700, 3, 0), (60, 10, 4, 50), (90, 1700, 2, 50),
+     (90, 10, 1, 0)],
+)
+def test_every_2_second_window_holds_the_share_for_long_and_short_kernels_and_many_launchers(
+    shim_build: None, percent: int, kernel_us: int, launchers: int, oversleep_us: int
+) -> None:
+    low, high = map(float, sim("share", percent, kernel_us, 8, launchers, oversleep_us)[1:])
+    assert percent - 1 <= low <= high <= percent + 1
+
+
+@pytest.mark.parametrize("kernel_us", [10, 1700])
+def test_after_a_long_idle_spell_the_first_window_stays_within_the_share(
+    shim_build: None, kernel_us: int
+) -> None:
+    assert float(sim("idle", 30, kernel_us, 60_000)[1]) <= 30 + 1
+
+
+def test_one_huge_kernel_never_makes_a_launch_wait_more_than_2_seconds(shim_build: None) -> None:
+    assert float(sim("debt", 1, 60_000)[1]) <= 2000
+
+
+@pytest.mark.parametrize(
+    ("kernel_us", "noise", "stretched", "stretch_us"),
+    [(10, 5, 0, 0), (10, 5, 60, 2000), (1700, 2, 50, 2000), (1700, 3, 30, 1700)],
+)
+def test_a_kernels_estimate_is_its_own_time_whatever_else_ran_between_its_events(
+    shim_build: None, kernel_us: int, noise: int, stretched: int, stretch_us: int
+) -> None:
+    for seed in range(5):
+        words = sim("estimate", kernel_us, noise, stretched, stretch_us, 200, seed)
+        estimate, mean = float(words[1]), float(words[3])
+        assert abs(estimate - mean) <= 0.03 * mean, (seed, estimate, mean)
+
+
+def test_when_almost_every_sample_is_stretched_the_estimate_errs_on_the_high_side(
+    shim_build: None,
+) -> None:
+    for seed in range(5):
+        words = sim("estimate", 200, 0, 90, 2000, 200, seed)
+        estimate, mean = float(words[1]), float(words[3])
+        assert mean <= estimate <= 1.1 * mean, (seed, estimate, mean)
+
+
+# ---- the shim on the test double ----
+
+
+@pytest.mark.parametrize(
+    ("cores", "kernel_ns"),
+    [(30, 1 * MS), (30, 50 * US), (10, 2 * MS), (90, 200 * US)],
+    ids=["30-long", "30-short", "10-long", "90-short"],
+)
+def test_one_process_gets_its_share_with_long_and_short_kernels(
+    gpu: FakeGpu, cores: int, kernel_ns: int
+) -> None:
+    limited(gpu, cores)
+    assert abs(share(gpu.lines(*LOAD, *load("kernel", kernel_ns, 2000))) - cores) <= BAND
+
+
+def test_without_the_shim_the_load_keeps_the_device_busy(gpu: FakeGpu) -> None:
+    # The yardstick of the tests above: unpaced, the same load takes it all.
+    assert share(gpu.lines(*LOAD, *load("kernel", 50 * US, 1000), shim=False)) >= 95
+
+
+@pytest.mark.parametrize("api", ["kernel", "ex", "coop", "graph"])
+@pytest.mark.parametrize("mode", ["link", "getproc-ptsz"])
+def test_every_launch_call_is_paced_however_it_is_reached(
+    gpu: FakeGpu, api: str, mode: str
+) -> None:
+    limited(gpu, 30)
+    lines = gpu.lines(*LOAD, *load(api, 500 * US, 1000), mode=mode)
+    assert abs(share(lines) - 30) <= BAND
+
+
+def test_several_threads_on_several_streams_share_one_limit(gpu: FakeGpu) -> None:
+    limited(gpu, 60)
+    lines = gpu.lines(*LOAD, *load("kernel", 200 * US, 2000, streams=2, threads=3))
+    assert abs(share(lines) - 60) <= BAND
+
+
+def test_the_processes_of_one_container_share_one_budget(gpu: FakeGpu) -> None:
+    limited(gpu, 30)
+    words = (*LOAD, *load("kernel", 500 * US, 2000))
+    first, second = concurrently((gpu, words), (gpu, words))
+    shares = share(first), share(second)
+    assert abs(sum(shares) - 30) <= BAND, shares
+    assert min(shares) >= 5, shares   # neither starves
+
+
+def test_two_containers_at_30_and_60_each_get_their_share(gpu: FakeGpu, tmp_path: Path) -> None:
+    limited(gpu, 30)
+    other = FakeGpu(tmp_path / "other")
+    other.root.mkdir()
+    other.env["VCUDA_FAKE_STATE"] = gpu.env["VCUDA_FAKE_STATE"]
+    limited(other, 60)
+    words = (*LOAD, *load("kernel", 1 * MS, 2500))
+    thirty, sixty = concurrently((gpu, words), (other, words))
+    assert abs(share(thirty) - 30) <= BAND
+    assert abs(share(sixty) - 60) <= BAND
+
+
+@pytest.mark.parametrize("api", ["kernel", "graph"])
+def test_a_capture_is_neither_paced_nor_recorded_into_and_its_replays_are_paced(
+    gpu: FakeGpu, api: str
+) -> None:
+    limited(gpu, 30)
+    # A first load gives the pacing thread events to read while the capture runs
+    # in the global mode, where a query from a thread in that mode would break it.
+    lines = gpu.lines(*LOAD, *load("kernel", 200 * US, 200), "capture", api, str(200 * US), "10",
+                      "sleep", "300", "replay", "2000")
+    capture = next(line for line in lines if line[0] == "capture")
+    assert capture == ["capture", "CUDA_SUCCESS", "10", "0"]
+    assert abs(share(lines, "replay") - 30) <= BAND
+
+
+def test_a_failed_launch_gives_its_charge_back_and_its_error_unchanged(gpu: FakeGpu) -> None:
+    limited(gpu, 10)
+    lines = gpu.lines(*LOAD, "badlaunch", "5000", *load("kernel", 1 * MS, 1000))
+    assert ["badlaunch", "CUDA_ERROR_INVALID_HANDLE"] in lines
+    assert abs(share(lines) - 10) <= BAND
+
+
+@pytest.mark.parametrize("cores", [100, 30])
+def test_a_pacing_thread_runs_only_under_a_core_limit(gpu: FakeGpu, cores: int) -> None:
+    limited(gpu, cores)
+    lines = gpu.lines(*LOAD, *load("kernel", 100 * US, 200), "threads")
+    assert lines[-1] == ["threads", "2" if cores < 100 else "1"]
+
+
+def test_a_forked_child_is_paced_by_its_own_thread_in_the_same_budget(gpu: FakeGpu) -> None:
+    limited(gpu, 30)
+    lines = gpu.lines(*LOAD, *load("kernel", 200 * US, 100), "fork",
+                      "init;ctx 0;module;load kernel 500000 1500 0 1;threads")
+    assert abs(share(lines) - 30) <= BAND
+    assert ["child", "threads", "2"] in lines
+    assert ["fork", "0"] in lines
+
+
+def test_the_account_shows_the_gpu_time_charged_and_the_log_the_share(gpu: FakeGpu) -> None:
+    limited(gpu, 50)
+    result = gpu.run(*LOAD, *load("kernel", 1 * MS, 2500), VCUDA_LOG_LEVEL="info")
+    launches = int(result.stdout.splitlines()[-1].split()[2])
+    charged = account_gpu_ns(gpu.account)[fake_uuid(0)]
+    assert abs(charged - launches * MS) <= 0.05 * launches * MS
+    assert "of the device's time charged to the container" in result.stderr
