@@ -14,9 +14,9 @@ only: the hook imports it on the start of every limited container.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 
 from runtime_hook import fast_json
+from runtime_hook.record import Record
 
 FORMAT_VERSION = 1
 
@@ -25,10 +25,11 @@ class InventoryError(ValueError):
     """The inventory file exists but cannot be used; the message says why."""
 
 
-class Gpu(namedtuple("Gpu", "uuid index memory")):
+class Gpu(Record):
     """One GPU of the node: its UUID, its index, its total memory in bytes."""
 
-    __slots__ = ()
+    _fields = ("uuid", "index", "memory")
+    __slots__ = _fields
 
 
 def write(path: str, gpus: list[Gpu]) -> None:

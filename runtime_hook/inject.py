@@ -19,12 +19,15 @@ the root is the directory whose device and inode match ``root.path`` on the host
 from __future__ import annotations
 
 import os
-from collections import namedtuple
-from collections.abc import Callable
+
+# collections.abc re-exports Callable from _collections_abc, which os has
+# loaded already; importing collections.abc would load all of collections (2 ms).
+from _collections_abc import Callable
 
 from runtime_hook import inroot, syscalls
 from runtime_hook.hook_errors import HookError
 from runtime_hook.limits_file import CONTAINER_PATH as LIMITS_PATH
+from runtime_hook.record import Record
 
 LIBRARY_PATH = "/usr/local/vcuda/lib/libvcuda.so"
 PRELOAD_PATH = "/etc/ld.so.preload"
@@ -43,10 +46,11 @@ _FIX_NODE = (
 )
 
 
-class Sources(namedtuple("Sources", "library limits preload account_dir")):
+class Sources(Record):
     """Host paths of what goes into the container (``preload`` is filled here)."""
 
-    __slots__ = ()
+    _fields = ("library", "limits", "preload", "account_dir")
+    __slots__ = _fields
 
 
 def merge_preload(existing: bytes, library: str = LIBRARY_PATH) -> bytes:

@@ -20,9 +20,9 @@ so open files there with ``O_NOFOLLOW`` and check that they are regular.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 
 from runtime_hook.node_state import ACCOUNT_DIR, OWNER_FILE, StateDir
+from runtime_hook.record import Record
 
 ENTRY_FILE = "entry"
 _NUMBERS = ("memory", "cores")
@@ -32,10 +32,7 @@ class DuplicateError(RuntimeError):
     """A record for this container id exists already."""
 
 
-_ENTRY_FIELDS = "container_id namespace pod container pid start_time memory cores devices"
-
-
-class Entry(namedtuple("Entry", _ENTRY_FIELDS)):
+class Entry(Record):
     """What one limited container committed on this node.
 
     Its ids and names (str), the ``pid`` and ``start_time`` of its first
@@ -43,7 +40,18 @@ class Entry(namedtuple("Entry", _ENTRY_FIELDS)):
     (a tuple of GPU UUIDs).
     """
 
-    __slots__ = ()
+    _fields = (
+        "container_id",
+        "namespace",
+        "pod",
+        "container",
+        "pid",
+        "start_time",
+        "memory",
+        "cores",
+        "devices",
+    )
+    __slots__ = _fields
 
 
 def commit(state: StateDir, entry: Entry) -> str:

@@ -6,12 +6,14 @@ records, and act on what comes back.
 
 from __future__ import annotations
 
-from collections import namedtuple
-from collections.abc import Iterable, Mapping
+# collections.abc re-exports these from _collections_abc, which os has loaded
+# already; importing collections.abc would load all of collections (2 ms).
+from _collections_abc import Iterable, Mapping
 
 from runtime_hook import fast_json
 from runtime_hook.gpu_inventory import Gpu
 from runtime_hook.hook_errors import HookError
+from runtime_hook.record import Record
 
 LIMITS_ANNOTATION = "vcuda.io/limits"
 # containerd's key first, then CRI-O's.
@@ -27,20 +29,23 @@ _FIX_ANNOTATION = "let the vcuda webhook write vcuda.io/limits (never edit it by
 _GIB = 1 << 30
 
 
-class Request(namedtuple("Request", "container cores memory")):
+class Request(Record):
     """The limits one container asked for: its name, percent of GPU time, bytes of memory."""
 
-    __slots__ = ()
+    _fields = ("container", "cores", "memory")
+    __slots__ = _fields
 
 
-class Devices(namedtuple("Devices", "for_limits for_ledger notes", defaults=((),))):
+class Devices(Record):
     """The GPUs a container sees, as tuples of UUIDs.
 
     ``for_limits`` goes into the limits file (empty: every GPU it sees);
     ``for_ledger`` is what its memory is committed on; ``notes`` are warnings to log.
     """
 
-    __slots__ = ()
+    _fields = ("for_limits", "for_ledger", "notes")
+    __slots__ = _fields
+    _defaults = ((),)
 
 
 def container_name(annotations: Mapping[str, str]) -> str:

@@ -9,26 +9,25 @@ relative. Neither field is used: the root comes from config.json's
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 
 from runtime_hook import fast_json
 from runtime_hook.hook_errors import HookError
+from runtime_hook.record import Record
 
 _MAX_CONFIG = 16 << 20
 _FIX_RUNTIME = "run the hook from an OCI runtime (runc, crun) as a prestart or poststop hook"
 
 
-_CONTAINER_FIELDS = "id pid bundle annotations rootfs env mount_targets"
-
-
-class Container(namedtuple("Container", _CONTAINER_FIELDS, defaults=("", (), ()))):
+class Container(Record):
     """What the hook needs to know about one container.
 
     ``id``, ``pid`` and ``bundle`` from the state; ``annotations`` (dict);
     ``rootfs`` (host path), ``env`` and ``mount_targets`` (tuples) from config.json.
     """
 
-    __slots__ = ()
+    _fields = ("id", "pid", "bundle", "annotations", "rootfs", "env", "mount_targets")
+    __slots__ = _fields
+    _defaults = ("", (), ())
 
 
 def parse_state(raw: bytes) -> Container:
