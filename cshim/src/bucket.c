@@ -5,8 +5,8 @@
 
 int64_t vc_bucket_wait(const int64_t *bucket, int64_t now)
 {
-    int64_t level = __atomic_load_n(bucket, __ATOMIC_ACQUIRE) - VC_BUCKET_SLACK_NS;
-    return level > now ? level - now : 0;
+    int64_t level = __atomic_load_n(bucket, __ATOMIC_ACQUIRE);
+    return level > now + VC_BUCKET_SLACK_NS ? level - now : 0;
 }
 
 void vc_bucket_charge(int64_t *bucket, int64_t now, int64_t gpu_ns, unsigned percent)

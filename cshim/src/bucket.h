@@ -14,10 +14,11 @@
 
 /* Idle wall time the bucket saves up. */
 #define VC_BUCKET_BURST_NS (10 * 1000 * 1000LL)
-/* How far the bucket may run ahead of wall time before a launch waits: so
- * launches go in bursts, most of which queue behind one another on the
- * device rather than each starting it from idle. */
-#define VC_BUCKET_SLACK_NS (1000 * 1000LL)
+/* How far the bucket may run ahead of wall time before a launch waits; a
+ * launch that waits waits until it is level again. So launches go in bursts
+ * of this much wall time, and most of a burst queues behind its first launch
+ * on the device rather than each launch starting it from idle. */
+#define VC_BUCKET_SLACK_NS (2 * 1000 * 1000LL)
 /* The most debt it holds, in wall time: no launch ever waits longer than this. */
 #define VC_BUCKET_DEBT_NS (2 * 1000 * 1000 * 1000LL)
 

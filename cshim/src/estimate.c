@@ -29,4 +29,5 @@ void vc_estimate_add(struct vc_estimate *e, int64_t ns, int64_t now)
         }
     /* Every recent sample stretched: the floor is the best guess. */
     e->ns = kept ? sum / kept : floor;
+    e->steady = n >= VC_ESTIMATE_SETTLED && 2 * kept > n;
 }

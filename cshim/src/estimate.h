@@ -6,14 +6,19 @@
  * kernel's own time varies little from launch to launch. So the estimate
  * starts from the floor, the fastest sample seen lately (it rises slowly, so
  * that a kernel that got slower is followed), and is the mean of the recent
- * samples close to it: stretched samples are left out.
+ * samples close to it: stretched samples are left out. A kernel is steady
+ * when most of its recent samples are that close: one whose time depends on
+ * its arguments (same function and shape, other sizes) is not.
  */
 #ifndef VC_ESTIMATE_H
 #define VC_ESTIMATE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define VC_ESTIMATE_SAMPLES 16
+/* Samples after which the estimate is trusted (and may be steady). */
+#define VC_ESTIMATE_SETTLED 4
 
 struct vc_estimate {
     int64_t sample[VC_ESTIMATE_SAMPLES];   /* the latest samples, ns, in a ring */
@@ -21,6 +26,7 @@ struct vc_estimate {
     uint32_t next;
     int64_t floor, floor_at;               /* the fastest sample lately, and when */
     int64_t ns;                            /* the estimate; valid once count > 0 */
+    bool steady;                           /* most recent samples are close to it */
 };
 
 /* Adds a sample of ns taken at now (ns, any clock) and updates the estimate. */

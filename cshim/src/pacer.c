@@ -29,10 +29,12 @@
 #define NAP_NS 20000000         /* a waiting launch looks at the bucket again this often */
 #define REPORT_NS 1000000000LL  /* the thread logs each device's share this often (info) */
 
-/* A reference event on the context's own stream: a point of its timeline. */
+/* A reference event on the context's own stream, idle so it completes as soon
+ * as it is recorded: a point of the context's timeline, and of the clock. */
 struct ref {
     CUevent event;
     int64_t offset;             /* ns from the first reference */
+    int64_t recorded;           /* vc_clock_ns() just before it was recorded */
 };
 
 struct vc_pacer_context {
@@ -55,7 +57,7 @@ struct kernel {
     uint64_t key;               /* 0: a free entry */
     int device;
     uint32_t untimed_guesses;   /* launches charged a guess and not timed: corrected */
-    int64_t untimed_guess_ns;   /* when the first estimate comes */
+    int64_t untimed_guess_ns;   /* once the estimate is settled */
     struct vc_estimate estimate;
 };
 
@@ -68,6 +70,7 @@ struct record {
     int device;
     int64_t generation;         /* the reference it is placed against; -1: none */
     int64_t charged;
+    int64_t launching;          /* vc_clock_ns() when the launch call began */
     enum record_state state;
 };
 
@@ -158,12 +161,12 @@ static bool take_record(struct vc_launch *l, int64_t now)
     bool placed = c->published >= 0 && now - c->published_at < 3 * REBASE_NS;
     records[l->record % RECORDS] = (struct record){
         c, c->free[c->nfree - 1], c->free[c->nfree - 2], l->key, l->device,
-        placed ? c->published : -1, l->charged, OPEN};
+        placed ? c->published : -1, l->charged, 0, OPEN};
     c->nfree -= 2;
     return true;
 }
 
-/* The untimed launch l of a kernel without an estimate is corrected when one comes. */
+/* The untimed launch l of a kernel without a settled estimate is corrected when it settles. */
 static void remember_guess(const struct vc_launch *l)
 {
     struct kernel *k = kernel_of(l->key);
@@ -180,7 +183,8 @@ static void learn(struct kernel *k, int64_t ns)
 {
     vc_estimate_add(&k->estimate, ns, vc_clock_ns());
     typical_ns = k->estimate.ns;
-    if (k->estimate.count == 1) {
+    /* Not the first sample: it may have waited behind the untimed launches. */
+    if (k->estimate.count == VC_ESTIMATE_SETTLED) {
         vc_log(VC_LOG_DEBUG, "kernel %016llx takes %lld ns", (unsigned long long)k->key,
                (long long)k->estimate.ns);
         charge(k->device, k->estimate.ns * k->untimed_guesses - k->untimed_guess_ns);
@@ -189,12 +193,13 @@ static void learn(struct kernel *k, int64_t ns)
     }
 }
 
-/* Charges what record r really cost: the busy time it added to its context,
- * at most its kernel's estimate (what exceeds it was someone else's). */
+/* Charges what record r really cost: the busy time it added to its context;
+ * for a steady kernel at most its estimate (what exceeds it ran while another
+ * process had the device, or the device was starting up). */
 static void settle(struct record *r, const struct reading *m)
 {
     struct kernel *k = kernel_of(r->key);
-    int64_t cap = k && k->estimate.count ? k->estimate.ns : INT64_MAX;
+    int64_t cap = k && k->estimate.steady ? k->estimate.ns : INT64_MAX;
     int64_t cost = m->ns;
     if (m->start >= 0) {
         struct vc_pacer_context *c = r->context;
@@ -275,7 +280,9 @@ static void advance_references(struct vc_pacer_context *c, CUcontext *current, i
                                          : 0;
         c->complete = c->recorded;
     } else if (c->complete < 0 || now - c->recorded_at >= REBASE_NS) {
-        if (vc_real_cuEventRecord(c->refs[(c->recorded + 1) % REFS].event, c->own) == CUDA_SUCCESS) {
+        struct ref *next = &c->refs[(c->recorded + 1) % REFS];
+        next->recorded = vc_clock_ns();
+        if (vc_real_cuEventRecord(next->event, c->own) == CUDA_SUCCESS) {
             c->recorded++;
             c->recorded_at = now;
         }
@@ -312,8 +319,13 @@ static void read_record(const struct record *r, struct reading *m, CUcontext *cu
     if (r->generation >= 0 && c->recorded - r->generation < REFS - 1) {
         const struct ref *ref = &c->refs[r->generation % REFS];
         int64_t s = since(ref->event, r->start), e = since(ref->event, r->end);
+        /* The kernel cannot start before its launch call began: on a stream
+         * that was idle the start event completed before that (the thread
+         * may even have been descheduled in between). The reference maps the
+         * clock onto the timeline, a little early, so this errs high. */
+        int64_t launching = r->launching - ref->recorded;
         if (s >= 0 && e >= s) {
-            m->start = ref->offset + s;
+            m->start = ref->offset + (launching > s && launching < e ? launching : s);
             m->end = ref->offset + e;
         }
     }
@@ -535,10 +547,12 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
         return false;
     pthread_mutex_lock(&lock);
     struct vc_pacer_context *c = find_context(ctx);
-    pthread_mutex_unlock(&lock);
-    if (!c && !(c = add_context(ctx)))
-        return false;
-    pthread_mutex_lock(&lock);
+    if (!c) {
+        pthread_mutex_unlock(&lock);
+        if (!(c = add_context(ctx)))
+            return false;
+        pthread_mutex_lock(&lock);
+    }
     bool paced = c->ctx == ctx && c->device >= 0;
     *l = (struct vc_launch){c, stream, ptsz, false, false, 0, c->device, key, 0};
     if (paced)
@@ -551,8 +565,8 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
 
     pthread_mutex_lock(&lock);
     struct kernel *k = claim_kernel(key, l->device);
-    l->guessed = k->estimate.count == 0;
-    l->charged = l->guessed ? typical_ns : k->estimate.ns;
+    l->guessed = k->estimate.count < VC_ESTIMATE_SETTLED;
+    l->charged = k->estimate.count ? k->estimate.ns : typical_ns;
     l->timed = take_record(l, vc_clock_ns());
     pthread_mutex_unlock(&lock);
     charge(l->device, l->charged);
@@ -560,6 +574,8 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
         close_record(l, VOID);
         l->timed = false;
     }
+    if (l->timed)
+        records[l->record % RECORDS].launching = vc_clock_ns();
     return true;
 }
 

@@ -24,7 +24,7 @@ struct vc_launch {
     struct vc_pacer_context *context;
     CUstream stream;
     bool ptsz;            /* a _ptsz call: stream 0 is the per-thread stream */
-    bool guessed;         /* charged a guess: the kernel had no estimate yet */
+    bool guessed;         /* charged a guess: the kernel's estimate was not settled yet */
     bool timed;
     uint32_t record;      /* its timing record, when timed */
     int device;           /* in the account */

@@ -818,8 +818,10 @@ static int step(char **cmd, int left)
         CUstream busy;
         if (r == CUDA_SUCCESS)
             r = api.StreamCreate(&busy, CU_STREAM_NON_BLOCKING);
+        /* Two blocks: another kernel to the pacing than the one-block launches. */
+        uint64_t long_ns = 10000000;
         for (int i = 0; r == CUDA_SUCCESS && i < 5; i++)
-            r = launch_spin(API_KERNEL, 10000000, busy, NULL);
+            r = api.LaunchKernel(spin, 2, 1, 1, 1, 1, 1, 0, busy, (void *[]){&long_ns}, NULL);
         if (r == CUDA_SUCCESS)
             r = capture_graph(kind, ns, count, CU_STREAM_CAPTURE_MODE_GLOBAL, inner, &captured,
                               &nodes);

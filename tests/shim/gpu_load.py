@@ -1,0 +1,105 @@
+"""The GPU load of the compute-share tests and benchmark (cshim/bench/pacing_load.cu): run, read."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PROGRAM = REPO / "cshim" / "build" / "gpu" / "pacing_load"
+#: Time for the processes of one measurement to start (CUDA, cuBLAS) and warm up.
+START_S = 2.0
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A vcuda-run core limit, and the account it shares (None: a private one)."""
+
+    cores: int
+    account: Path | None = None
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load process: a kind of kernel (matmul, elementwise), its streams, its limit."""
+
+    kind: str
+    streams: int = 1
+    limit: Limit | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a load process measured: kernels a second, overall and over 2-second windows."""
+
+    kernels: int
+    seconds: float
+    rate: float
+    window_min: float
+    window_max: float
+    log: str = ""   # the end of its stderr (the shim's log, at the level the caller set)
+
+
+def cublas_library() -> Path | None:
+    """This machine's libcublas: the CUDA toolkit's, else NVIDIA's wheels' (PyTorch brings them)."""
+    roots = [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64"]
+    spec = importlib.util.find_spec("nvidia")
+    if spec and spec.submodule_search_locations:
+        roots += [Path(p) for p in spec.submodule_search_locations]
+    for root in roots:
+        found = sorted(root.glob("**/libcublas.so*"))
+        if found:
+            return found[0]
+    return None
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    library = cublas_library()
+    if library:
+        env["VCUDA_CUBLAS"] = str(library)
+        env["LD_LIBRARY_PATH"] = f"{library.parent}:{env.get('LD_LIBRARY_PATH', '')}"
+    return env
+
+
+def _command(load: Load, seconds: float, start_at: float) -> list[str]:
+    program = [str(PROGRAM), load.kind, str(seconds), str(load.streams), f"{start_at:.3f}"]
+    if load.limit is None:
+        return program
+    shared = ["--account", str(load.limit.account)] if load.limit.account else []
+    return [sys.executable, "-m", "runtime_hook.run", "--memory", "16Gi", "--cores",
+            str(load.limit.cores), *shared, "--", *program]
+
+
+def _parse(output: str, log: str) -> Result:
+    words = output.split()
+    values = dict(zip(words[::2], words[1::2]))
+    return Result(int(values["kernels"]), float(values["seconds"]), float(values["rate"]),
+                  float(values["window_min"]), float(values["window_max"]), log[-1500:])
+
+
+def run_together(*loads: Load, seconds: float = 3.0) -> list[Result]:
+    """Runs the loads at once, all measuring the same interval of seconds; their results."""
+    start_at = time.time() + START_S
+    processes = [
+        subprocess.Popen(_command(load, seconds, start_at), env=_environment(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for load in loads
+    ]
+    results = []
+    for load, process in zip(loads, processes):
+        out, err = process.communicate(timeout=120)
+        if process.returncode != 0:
+            raise RuntimeError(f"{load} failed ({process.returncode}): {err.strip()[-2000:]}")
+        results.append(_parse(out, err))
+    return results
+
+
+def run(load: Load, seconds: float = 3.0) -> Result:
+    """Runs one load alone."""
+    return run_together(load, seconds=seconds)[0]

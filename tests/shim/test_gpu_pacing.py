@@ -1,0 +1,139 @@
+"""libvcuda.so's compute share on a real GPU: kernel sizes, processes, streams, capture."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.shim.gpu_load import Limit, Load, Result, run, run_together
+from tests.shim.harness import CSHIM, REPO, TESTS
+
+pytestmark = pytest.mark.gpu
+
+BAND = 5   # percentage points
+SPIN_NS = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def baseline() -> dict[tuple[str, int], float]:
+    """Kernels a second without the shim, measured in this run: (kind, streams) -> rate."""
+    subprocess.run(["make", "-s", "-C", str(CSHIM), "gpu"], check=True)
+    rates = {}
+    for kind, streams in [("matmul", 1), ("elementwise", 1), ("elementwise", 4)]:
+        rates[kind, streams] = run(Load(kind, streams)).rate
+    print(f"unlimited rates: {rates}")
+    return rates
+
+
+def shares(result: Result, unlimited: float) -> tuple[float, float, float]:
+    """(overall, lowest window, highest window) as percent of the unlimited rate."""
+    return tuple(100 * rate / unlimited
+                 for rate in (result.rate, result.window_min, result.window_max))
+
+
+def assert_within(measured: tuple[float, ...], cores: int, *results: Result) -> None:
+    print(f"cores={cores}: {[round(m, 1) for m in measured]}")
+    for result in results:
+        print(result.log)
+    assert all(abs(m - cores) <= BAND for m in measured), measured
+
+
+@pytest.mark.parametrize("kind", ["matmul", "elementwise"])
+def test_a_process_at_30_keeps_every_2_second_window_within_30_with_large_and_small_kernels(
+    baseline: dict[tuple[str, int], float], kind: str
+) -> None:
+    result = run(Load(kind, 1, Limit(30)))
+    assert_within(shares(result, baseline[kind, 1]), 30, result)
+
+
+def test_four_streams_of_small_kernels_at_60_hold_60(
+    baseline: dict[tuple[str, int], float],
+) -> None:
+    result = run(Load("elementwise", 4, Limit(60)))
+    assert_within(shares(result, baseline["elementwise", 4]), 60, result)
+
+
+def test_two_processes_of_one_container_share_its_30(
+    baseline: dict[tuple[str, int], float], tmp_path: Path
+) -> None:
+    limit = Limit(30, tmp_path / "account")
+    first, second = run_together(Load("elementwise", 1, limit), Load("elementwise", 1, limit))
+    together = 100 * (first.rate + second.rate) / baseline["elementwise", 1]
+    assert_within((together,), 30, first, second)
+
+
+def test_two_containers_at_30_and_60_each_get_their_share(
+    baseline: dict[tuple[str, int], float], tmp_path: Path
+) -> None:
+    thirty, sixty = run_together(Load("matmul", 1, Limit(30, tmp_path / "a")),
+                                 Load("matmul", 1, Limit(60, tmp_path / "b")))
+    assert_within(shares(thirty, baseline["matmul", 1]), 30, thirty)
+    assert_within(shares(sixty, baseline["matmul", 1]), 60, sixty)
+
+
+def probe(*words: str, mode: str = "link", cores: int = 30) -> list[list[str]]:
+    """The probe's output lines under vcuda-run with a core limit, on the real driver."""
+    command = [sys.executable, "-m", "runtime_hook.run", "--memory", "4Gi", "--cores", str(cores),
+               "--", str(TESTS / "probe"), mode, "init", "ctx", "0", "module", *words]
+    result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            capture_output=True, text=True, timeout=120, check=True)
+    print(result.stdout, result.stderr[-2000:])
+    return [line.split() for line in result.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("api", ["kernel", "ex", "coop", "graph"])
+@pytest.mark.parametrize("mode", ["link", "getproc-ptsz"])
+def test_every_launch_call_is_paced_on_the_real_driver(api: str, mode: str) -> None:
+    lines = probe("load", api, str(SPIN_NS), "1500", "0", "1", mode=mode)
+    assert_within((float(lines[-1][-1]),), 30)
+
+
+def test_a_capture_in_global_mode_is_unbroken_and_its_graph_replays_are_paced() -> None:
+    lines = probe("load", "kernel", str(SPIN_NS), "300", "0", "1",
+                  "capture", "kernel", "200000", "10", "sleep", "500", "replay", "1500")
+    assert ["capture", "CUDA_SUCCESS", "10", "-"] in lines
+    assert_within((float(lines[-1][-1]),), 30)
+
+
+TORCH_GRAPH = """
+import time, torch
+a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    for _ in range(20):
+        out = a @ b
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    out = a @ b
+    out = out @ b
+graph.replay()
+torch.cuda.synchronize()
+expected = (a @ b) @ b
+print("equal", bool(torch.equal(out, expected)), flush=True)
+end = time.monotonic() + 2.5
+while time.monotonic() < end:
+    graph.replay()
+torch.cuda.synchronize()
+"""
+
+
+def test_pytorch_captures_cuda_graphs_unbroken_and_their_replays_are_paced() -> None:
+    command = [sys.executable, "-m", "runtime_hook.run", "--memory", "16Gi", "--cores", "30",
+               "--", sys.executable, "-c", TORCH_GRAPH]
+    result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(REPO),
+                                              VCUDA_LOG_LEVEL="info"),
+                            capture_output=True, text=True, timeout=180, check=True)
+    print(result.stdout, result.stderr[-3000:])
+    assert result.stdout.split() == ["equal", "True"]
+    charged = [float(share) for share in
+               re.findall(r"([\d.]+)% of the device's time charged", result.stderr)]
+    # The last full seconds are replays only.
+    assert_within(tuple(charged[-2:]), 30)
