@@ -1,11 +1,10 @@
 """The hook's command line: its flags, the stage to run, and the one-line error a runtime shows.
 
-Every container of the ``vcuda`` runtime runs the hook twice, so this module
-keeps to ``os``, ``sys``, ``fcntl`` and ``time``: a container without limits
-is let go after reading the OCI state, poststop needs nothing more, and only
-a limited container's prestart loads the rest. For the same reason the flags
-are read by hand: argparse, with the ``re`` it imports, would cost more than
-all of poststop.
+:mod:`runtime_hook.oci_hook` has let containers that surely have no limits go
+already; what comes here may have some. This module keeps to ``os``, ``sys``,
+``fcntl`` and ``time``, which is all poststop needs; only prestart loads the
+rest. For the same reason the flags are read by hand: argparse, with the
+``re`` it imports, would cost more than all of poststop.
 """
 
 from __future__ import annotations
@@ -21,13 +20,6 @@ DEFAULT_STATE_DIR = "/run/vcuda"
 DEFAULT_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
 STAGES = ("prestart", "poststop")
 LOCK_TIMEOUT = 5.0  # seconds; the manifests give the hook 10
-_MAX_STATE = 4 << 20
-# Exact bytes of a sandbox marker as Go's encoding/json (containerd, CRI-O) and
-# crun write them; any other spelling only loses the shortcut.
-_SANDBOX = (
-    b'"io.kubernetes.cri.container-type":"sandbox"',
-    b'"io.kubernetes.cri-o.ContainerType":"sandbox"',
-)
 
 USAGE = "usage: vcuda-hook {prestart,poststop} [--OPTION VALUE ...]  (--help explains)"
 _ABOUT = """\
@@ -150,20 +142,8 @@ def parse_args(argv: list[str]) -> Flags:
     return Flags(stages[0], values)
 
 
-def surely_unlimited(state: bytes) -> bool:
-    """True when the raw OCI state proves that the container has no vcuda limits.
-
-    That holds for a pod sandbox, or when no annotation mentions ``vcuda.io``:
-    the runtime spec puts a container's annotations in its state (runc and crun
-    do), and JSON encoders never escape ASCII letters, digits or dots, so the
-    key cannot hide behind an escape.
-    """
-    return any(marker in state for marker in _SANDBOX) or b"vcuda.io" not in state
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the hook with ``argv`` (default: the process's) and the OCI state on stdin."""
-    args = sys.argv[1:] if argv is None else argv
+def main(args: list[str], state: bytes) -> int:
+    """Run the hook with the arguments ``args`` on the OCI ``state``; return its exit status."""
     if any(arg in ("-h", "--help") for arg in args):
         sys.stdout.write(help_text())
         return 0
@@ -172,9 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         sys.stderr.write(f"{USAGE}\nvcuda-hook: error: {exc}\n")
         return 2
-    state = sys.stdin.buffer.read(_MAX_STATE)
-    if surely_unlimited(state):
-        return 0
     log = HookLog(flags.log_file, flags.log_level, flags.stage)
     try:
         if flags.stage == "poststop":

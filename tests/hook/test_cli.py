@@ -60,6 +60,23 @@ def test_container_without_limits_exits_at_once_and_touches_nothing(hook: HookSe
     assert list(hook.state_dir.iterdir()) == [] and not hook.log_file.exists()
 
 
+def test_container_without_limits_is_let_go_before_os_or_the_package_loads(
+    hook: HookSetup,
+) -> None:
+    sandbox = (
+        b'{"id":"c1","annotations":{"io.kubernetes.cri.container-type":"sandbox",'
+        b'"vcuda.io/limits":"{}"}}'
+    )
+    for state in (b'{"id":"c1","pid":1,"bundle":"/b","annotations":{"a":"b"}}', sandbox):
+        result = subprocess.run(
+            [PYTHON, "-I", "-S", "-X", "importtime", str(HOOK_SCRIPT), "prestart", *_flags(hook)],
+            input=state, capture_output=True, timeout=30, check=True, env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        loaded = {line.split("|")[-1].strip() for line in result.stderr.decode().splitlines()}
+        assert "__future__" in loaded  # the file's own import: the listing is complete
+        assert "os" not in loaded and not any(m.startswith("runtime_hook") for m in loaded)
+
+
 def _one_error_line(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 1
     lines = result.stderr.decode().splitlines()

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from runtime_hook.gpu_inventory import Gpu
-from runtime_hook.hook_cli import surely_unlimited
 from runtime_hook.hook_errors import HookError
 from runtime_hook.inject import merge_preload
 from runtime_hook.limits_decision import (
@@ -17,6 +16,7 @@ from runtime_hook.limits_decision import (
     requested_limits,
     visible_devices,
 )
+from runtime_hook.oci_hook import surely_unlimited
 
 GIB = 1 << 30
 INVENTORY = {
