@@ -40,6 +40,7 @@ class HookSetup:
     library: Path
     inventory: Path
     log_file: Path
+    log_level: str = "debug"  # tests read every line; nodes run at the default, info
 
     def args(self, stage: str, python_flags: tuple[str, ...] = ("-I", "-S")) -> list[str]:
         """The hook's argv for ``stage``: the in-tree file run by the system Python."""
@@ -57,7 +58,7 @@ class HookSetup:
             "--log-file",
             str(self.log_file),
             "--log-level",
-            "debug",
+            self.log_level,
         ]
 
     def hooks(self, env: tuple[str, ...] = HOOK_ENV) -> dict:
