@@ -10,9 +10,10 @@
 // ahead of the GPU. A warm-up runs until START_AT (CLOCK_REALTIME seconds, so
 // several processes can measure the same interval), else for 0.5 s; then the
 // kernels of the next SECONDS are counted. Prints one line:
-//   kind K streams S kernels N seconds T rate R window_min A window_max B
+//   kind K streams S kernels N seconds T rate R window_min A window_max B all M
 // R is kernels a second until all of them completed; A and B, the lowest and
-// highest rate over the 2-second windows inside the measurement.
+// highest rate over the 2-second windows inside the measurement; M, the
+// kernels launched, warm-up included.
 #include <dlfcn.h>
 
 #include <chrono>
@@ -198,7 +199,7 @@ int main(int argc, char **argv)
     if (high == 0)
         low = high = kernels / elapsed;
     std::printf("kind %s streams %d kernels %ld seconds %.3f rate %.2f window_min %.2f "
-                "window_max %.2f\n", argv[1], l.nstreams, kernels, elapsed, kernels / elapsed, low,
-                high);
+                "window_max %.2f all %ld\n", argv[1], l.nstreams, kernels, elapsed, kernels / elapsed,
+                low, high, i);
     return 0;
 }

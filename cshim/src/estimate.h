@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define VC_ESTIMATE_SAMPLES 16
-/* Samples after which the estimate is trusted (and may be steady). */
+/* Samples after which a kernel may be steady. */
 #define VC_ESTIMATE_SETTLED 4
 
 struct vc_estimate {

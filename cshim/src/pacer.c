@@ -18,13 +18,16 @@
 #define MAX_CONTEXTS 8
 #define KERNELS 1024            /* estimates kept, direct-mapped by key */
 #define RECORDS 1024            /* timed launches not read yet, in launch order */
-#define EVENTS 2048             /* per context: two per record */
+#define EVENTS 1024             /* per context: one per record */
 #define EVENTS_LOW 64           /* the thread adds events to a context below this */
 #define EVENTS_BATCH 256
 #define REFS 4                  /* reference events per context, by generation */
+#define LANES 64                /* streams whose last launch end a context remembers */
 #define REBASE_NS 500000000LL   /* a new reference this often: float ms stay exact to 0.1 us */
+#define REF_SLOP_NS 30000       /* a reference must complete this soon to place launches */
 #define BATCH 256               /* records the thread reads at a time */
 #define FIRST_GUESS_NS 100000   /* charged for a kernel never measured, before any other was */
+#define SETTLED 4               /* timed launches after which a kernel's cost is trusted */
 #define TICK_NS 1000000         /* the thread reads completed events this often */
 #define NAP_NS 20000000         /* a waiting launch looks at the bucket again this often */
 #define REPORT_NS 1000000000LL  /* the thread logs each device's share this often (info) */
@@ -34,7 +37,13 @@
 struct ref {
     CUevent event;
     int64_t offset;             /* ns from the first reference */
-    int64_t recorded;           /* vc_clock_ns() just before it was recorded */
+    int64_t recorded;           /* vc_clock_ns() once it was seen complete */
+};
+
+/* A stream, as the thread saw it last. */
+struct lane {
+    uint64_t stream;            /* stream_key(); 0: none */
+    int64_t end;                /* where its last timed launch ended on the timeline */
 };
 
 struct vc_pacer_context {
@@ -48,8 +57,10 @@ struct vc_pacer_context {
     CUstream own;               /* a non-blocking stream for the references */
     bool broken;                /* no stream or references: no timeline */
     struct ref refs[REFS];
-    int64_t recorded, recorded_at, complete;
+    int64_t complete;           /* the newest reference; -1: none yet */
+    int64_t recorded_at;        /* when it was recorded */
     int64_t covered;            /* the context is known busy up to here on its timeline */
+    struct lane lanes[LANES];
     CUevent free[EVENTS];
 };
 
@@ -57,7 +68,9 @@ struct kernel {
     uint64_t key;               /* 0: a free entry */
     int device;
     uint32_t untimed_guesses;   /* launches charged a guess and not timed: corrected */
-    int64_t untimed_guess_ns;   /* once the estimate is settled */
+    int64_t untimed_guess_ns;   /* once the cost is settled */
+    uint32_t costs;             /* timed launches charged */
+    int64_t cost;               /* what they were charged, lately (a moving average) */
     struct vc_estimate estimate;
 };
 
@@ -65,7 +78,8 @@ enum record_state { OPEN, ENDED, VOID };
 
 struct record {
     struct vc_pacer_context *context;   /* NULL: its context is gone */
-    CUevent start, end;
+    CUevent end;                /* recorded right after the launch */
+    uint64_t stream;            /* stream_key() of its stream */
     uint64_t key;
     int device;
     int64_t generation;         /* the reference it is placed against; -1: none */
@@ -74,11 +88,11 @@ struct record {
     enum record_state state;
 };
 
-/* What the thread read of one record, outside the lock. */
+/* What the thread read of one record, outside the lock: where on the
+ * context's timeline its launch call began and its end event completed. */
 struct reading {
-    bool complete, readable;
-    int64_t start, end;         /* on the context's timeline; start < 0: not placed */
-    int64_t ns;                 /* end - start as the events tell */
+    bool complete, placed;
+    int64_t launching, end;
 };
 
 /* Guarded by lock, which is never held across a driver call. */
@@ -91,7 +105,7 @@ static struct record records[RECORDS];
 static uint32_t head, tail;     /* records head..tail-1 are in use, in launch order */
 static bool started, stopping, reading;
 static bool forgot;              /* a context went: the thread's current one may be gone */
-static int64_t typical_ns = FIRST_GUESS_NS;   /* the guess for a kernel not measured yet */
+static int64_t typical_ns = FIRST_GUESS_NS;   /* the guess for a kernel not settled yet */
 static uint64_t last_gpu_ns[VC_MAX_DEVICES];
 static unsigned measured;       /* launches read since the last report */
 
@@ -148,25 +162,33 @@ static struct kernel *claim_kernel(uint64_t key, int device)
     return k;
 }
 
-/* Takes a record with two of the context's events for launch l; false if none is free. */
+/* The same key for the same stream: the per-thread default stream is a
+ * stream of each thread, the legacy stream has two names. */
+static uint64_t stream_key(CUstream stream, bool ptsz)
+{
+    if (stream == CU_STREAM_PER_THREAD || (ptsz && !stream))
+        return (uintptr_t)pthread_self() | 2;   /* handles are aligned: never | 2 */
+    return !stream || stream == CU_STREAM_LEGACY ? 1 : (uintptr_t)stream;
+}
+
+/* Takes a record with one of the context's events for launch l; false if none is free. */
 static bool take_record(struct vc_launch *l, int64_t now)
 {
     struct vc_pacer_context *c = l->context;
     if (c->nfree < EVENTS_LOW)
         pthread_cond_signal(&wake);
-    if (c->nfree < 2 || tail - head == RECORDS)
+    if (!c->nfree || tail - head == RECORDS)
         return false;
     l->record = tail++;
     /* A reference older than a rebase or two places launches imprecisely. */
     bool placed = c->published >= 0 && now - c->published_at < 3 * REBASE_NS;
     records[l->record % RECORDS] = (struct record){
-        c, c->free[c->nfree - 1], c->free[c->nfree - 2], l->key, l->device,
+        c, c->free[--c->nfree], stream_key(l->stream, l->ptsz), l->key, l->device,
         placed ? c->published : -1, l->charged, 0, OPEN};
-    c->nfree -= 2;
     return true;
 }
 
-/* The untimed launch l of a kernel without a settled estimate is corrected when it settles. */
+/* The untimed launch l of a kernel not settled yet is corrected when it settles. */
 static void remember_guess(const struct vc_launch *l)
 {
     struct kernel *k = kernel_of(l->key);
@@ -178,39 +200,50 @@ static void remember_guess(const struct vc_launch *l)
 
 /* ---- the thread that reads the events ---- */
 
-/* Takes a measurement of kernel k into account. */
-static void learn(struct kernel *k, int64_t ns)
+/* Takes what a timed launch of kernel k was charged into account: the next
+ * launches are charged about that much up front. */
+static void learn_cost(struct kernel *k, int64_t cost)
 {
-    vc_estimate_add(&k->estimate, ns, vc_clock_ns());
-    typical_ns = k->estimate.ns;
-    /* Not the first sample: it may have waited behind the untimed launches. */
-    if (k->estimate.count == VC_ESTIMATE_SETTLED) {
-        vc_log(VC_LOG_DEBUG, "kernel %016llx takes %lld ns", (unsigned long long)k->key,
-               (long long)k->estimate.ns);
-        charge(k->device, k->estimate.ns * k->untimed_guesses - k->untimed_guess_ns);
+    k->cost = k->costs++ ? k->cost + (cost - k->cost) / 8 : cost;
+    typical_ns = k->cost;
+    /* Not at the first launch: it may have waited behind the untimed ones, so
+     * for them the lower of the cost and the estimate (which leaves waits out). */
+    if (k->costs == SETTLED) {
+        int64_t each = k->cost < k->estimate.ns ? k->cost : k->estimate.ns;
+        vc_log(VC_LOG_DEBUG, "kernel %016llx costs %lld ns", (unsigned long long)k->key,
+               (long long)each);
+        charge(k->device, each * k->untimed_guesses - k->untimed_guess_ns);
         k->untimed_guesses = 0;
         k->untimed_guess_ns = 0;
     }
 }
 
-/* Charges what record r really cost: the busy time it added to its context;
- * for a steady kernel at most its estimate (what exceeds it ran while another
- * process had the device, or the device was starting up). */
+/* Charges what record r really cost. Its kernel started when the launch
+ * before it on its stream ended, or when its launch call began if that was
+ * later: its time is from then to its end event. It is charged the busy time
+ * it added to its context (the union over its streams), and a steady kernel
+ * at most half again its estimate: what exceeds that ran while another
+ * process had the device. */
 static void settle(struct record *r, const struct reading *m)
 {
+    struct vc_pacer_context *c = r->context;
     struct kernel *k = kernel_of(r->key);
-    int64_t cap = k && k->estimate.steady ? k->estimate.ns : INT64_MAX;
-    int64_t cost = m->ns;
-    if (m->start >= 0) {
-        struct vc_pacer_context *c = r->context;
-        int64_t from = m->start > c->covered ? m->start : c->covered;
-        cost = m->end > from ? m->end - from : 0;
-        if (m->end > c->covered)
-            c->covered = m->end;
-    }
+    struct lane *lane = &c->lanes[r->stream % LANES];
+    int64_t start = m->launching;
+    if (lane->stream == r->stream && lane->end > start)
+        start = lane->end;
+    *lane = (struct lane){r->stream, m->end};
+    int64_t from = start > c->covered ? start : c->covered;
+    int64_t cost = m->end > from ? m->end - from : 0;
+    int64_t cap = k && k->estimate.steady ? k->estimate.ns + k->estimate.ns / 2 : INT64_MAX;
+    if (m->end > c->covered)
+        c->covered = m->end;
+    cost = cost < cap ? cost : cap;
+    if (k && m->end > start)
+        vc_estimate_add(&k->estimate, m->end - start, vc_clock_ns());
     if (k)
-        learn(k, m->ns);
-    charge(r->device, (cost < cap ? cost : cap) - r->charged);
+        learn_cost(k, cost);
+    charge(r->device, cost - r->charged);
     measured++;
 }
 
@@ -247,7 +280,7 @@ static unsigned equip(struct vc_pacer_context *c, CUcontext *current, CUevent *m
         c->broken = vc_real_cuStreamCreate(&c->own, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
         for (int i = 0; i < REFS && !c->broken; i++)
             c->broken = vc_real_cuEventCreate(&c->refs[i].event, CU_EVENT_DEFAULT) != CUDA_SUCCESS;
-        c->recorded = c->complete = -1;
+        c->complete = -1;
         if (c->broken)
             vc_log(VC_LOG_WARN, "no stream or events for the timeline of a context: its "
                    "launches are charged without it");
@@ -258,35 +291,35 @@ static unsigned equip(struct vc_pacer_context *c, CUcontext *current, CUevent *m
     return n;
 }
 
-/* Outside the lock: moves the context's references on. A reference is
- * recorded on the context's own stream, idle so it completes at once; once
- * complete, launches are placed against it. */
+/* Outside the lock: records a new reference when the last one is old. It
+ * goes on the context's own stream, idle, so it completes at once; the thread
+ * waits for that and reads the clock then, which places launches a little
+ * early on the timeline: their kernels are charged a little more, never less.
+ * One that takes long to complete could not place them closely: it is tried
+ * again next round. */
 static void advance_references(struct vc_pacer_context *c, CUcontext *current, int64_t now)
 {
-    if (!c->own || c->broken || !set_current(c->ctx, current))
+    if (!c->own || c->broken || (c->complete >= 0 && now - c->recorded_at < REBASE_NS)
+        || !set_current(c->ctx, current))
         return;
-    if (c->recorded > c->complete) {
-        struct ref *fresh = &c->refs[c->recorded % REFS];
-        if (vc_real_cuEventQuery(fresh->event) != CUDA_SUCCESS)
-            return;
-        float ms = 0;
-        if (c->complete >= 0 && vc_real_cuEventElapsedTime(&ms, c->refs[c->complete % REFS].event,
-                                                           fresh->event) != CUDA_SUCCESS) {
-            c->recorded = c->complete;   /* try again later */
-            return;
-        }
-        fresh->offset = c->complete >= 0 ? c->refs[c->complete % REFS].offset
-                                                + (int64_t)((double)ms * 1e6)
-                                         : 0;
-        c->complete = c->recorded;
-    } else if (c->complete < 0 || now - c->recorded_at >= REBASE_NS) {
-        struct ref *next = &c->refs[(c->recorded + 1) % REFS];
-        next->recorded = vc_clock_ns();
-        if (vc_real_cuEventRecord(next->event, c->own) == CUDA_SUCCESS) {
-            c->recorded++;
-            c->recorded_at = now;
-        }
-    }
+    struct ref *last = c->complete >= 0 ? &c->refs[c->complete % REFS] : NULL;
+    struct ref *next = &c->refs[(c->complete + 1) % REFS];
+    int64_t before = vc_clock_ns(), done;
+    if (vc_real_cuEventRecord(next->event, c->own) != CUDA_SUCCESS)
+        return;
+    CUresult q;
+    do {
+        q = vc_real_cuEventQuery(next->event);
+        done = vc_clock_ns();
+    } while (q == CUDA_ERROR_NOT_READY && done - before <= REF_SLOP_NS);
+    float ms = 0;
+    if (q != CUDA_SUCCESS || done - before > REF_SLOP_NS
+        || (last && vc_real_cuEventElapsedTime(&ms, last->event, next->event) != CUDA_SUCCESS))
+        return;
+    next->recorded = done;
+    next->offset = last ? last->offset + (int64_t)((double)ms * 1e6) : 0;
+    c->complete++;
+    c->recorded_at = now;
 }
 
 /* ns from ref to event, or -1. */
@@ -298,10 +331,11 @@ static int64_t since(CUevent ref, CUevent event)
     return (int64_t)((double)ms * 1e6);
 }
 
-/* Outside the lock: what record r's events tell, once its launch is complete. */
+/* Outside the lock: where record r's launch lies on its context's timeline,
+ * once complete; its reference maps the clock onto the timeline. */
 static void read_record(const struct record *r, struct reading *m, CUcontext *current)
 {
-    *m = (struct reading){false, false, -1, -1, 0};
+    *m = (struct reading){false, false, -1, -1};
     struct vc_pacer_context *c = r->context;
     if (!set_current(c->ctx, current))
         return;
@@ -309,25 +343,15 @@ static void read_record(const struct record *r, struct reading *m, CUcontext *cu
     if (q == CUDA_ERROR_NOT_READY)
         return;
     m->complete = true;
-    float ms;
-    if (q != CUDA_SUCCESS || vc_real_cuEventElapsedTime(&ms, r->start, r->end) != CUDA_SUCCESS
-        || ms < 0)
-        return;
-    m->readable = true;
-    m->ns = (int64_t)((double)ms * 1e6);
     /* Its reference is still there if no more than REFS - 1 newer ones were recorded. */
-    if (r->generation >= 0 && c->recorded - r->generation < REFS - 1) {
-        const struct ref *ref = &c->refs[r->generation % REFS];
-        int64_t s = since(ref->event, r->start), e = since(ref->event, r->end);
-        /* The kernel cannot start before its launch call began: on a stream
-         * that was idle the start event completed before that (the thread
-         * may even have been descheduled in between). The reference maps the
-         * clock onto the timeline, a little early, so this errs high. */
-        int64_t launching = r->launching - ref->recorded;
-        if (s >= 0 && e >= s) {
-            m->start = ref->offset + (launching > s && launching < e ? launching : s);
-            m->end = ref->offset + e;
-        }
+    if (q != CUDA_SUCCESS || r->generation < 0 || c->complete - r->generation >= REFS - 1)
+        return;
+    const struct ref *ref = &c->refs[r->generation % REFS];
+    int64_t end = since(ref->event, r->end);
+    if (end >= 0) {
+        m->placed = true;
+        m->launching = ref->offset + (r->launching - ref->recorded);
+        m->end = ref->offset + end;
     }
 }
 
@@ -414,12 +438,10 @@ static void read_round(CUcontext *current)
         }
     for (uint32_t i = 0; i < done; i++) {
         struct record *r = &records[(first + i) % RECORDS];
-        if (r->state == ENDED && r->context && readings[i].readable)
+        if (r->state == ENDED && r->context && readings[i].placed)
             settle(r, &readings[i]);
-        if (r->context) {
-            r->context->free[r->context->nfree++] = r->start;
+        if (r->context)
             r->context->free[r->context->nfree++] = r->end;
-        }
     }
     head = first + done;
 }
@@ -565,15 +587,11 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
 
     pthread_mutex_lock(&lock);
     struct kernel *k = claim_kernel(key, l->device);
-    l->guessed = k->estimate.count < VC_ESTIMATE_SETTLED;
-    l->charged = k->estimate.count ? k->estimate.ns : typical_ns;
+    l->guessed = k->costs < SETTLED;
+    l->charged = k->costs ? k->cost : typical_ns;
     l->timed = take_record(l, vc_clock_ns());
     pthread_mutex_unlock(&lock);
     charge(l->device, l->charged);
-    if (l->timed && record_event(records[l->record % RECORDS].start, l) != CUDA_SUCCESS) {
-        close_record(l, VOID);
-        l->timed = false;
-    }
     if (l->timed)
         records[l->record % RECORDS].launching = vc_clock_ns();
     return true;

@@ -195,6 +195,14 @@ static void die(const char *what, const char *detail)
     exit(2);
 }
 
+/* The version to ask for: a program built for per-thread default streams is
+ * built for CUDA 7.0 at least, where they came. */
+static int version_for(const struct binding *b, cuuint64_t flags)
+{
+    bool per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    return per_thread && b->version < 7000 ? 7000 : b->version;
+}
+
 static void bind_all(const char *mode)
 {
     void *handle = NULL;
@@ -215,7 +223,7 @@ static void bind_all(const char *mode)
             *slot = dlsym(handle, b->versioned);
         else if (!by_getproc)
             die("unknown mode", mode);
-        else if (api.GetProcAddress(b->base, slot, b->version, flags, NULL) != CUDA_SUCCESS)
+        else if (api.GetProcAddress(b->base, slot, version_for(b, flags), flags, NULL) != CUDA_SUCCESS)
             *slot = NULL;
         if (!*slot)
             die("cannot resolve", b->base);

@@ -42,6 +42,7 @@ class Result:
     rate: float
     window_min: float
     window_max: float
+    launched: int   # kernels launched, warm-up included
     log: str = ""   # the end of its stderr (the shim's log, at the level the caller set)
 
 
@@ -80,7 +81,8 @@ def _parse(output: str, log: str) -> Result:
     words = output.split()
     values = dict(zip(words[::2], words[1::2]))
     return Result(int(values["kernels"]), float(values["seconds"]), float(values["rate"]),
-                  float(values["window_min"]), float(values["window_max"]), log[-1500:])
+                  float(values["window_min"]), float(values["window_max"]), int(values["all"]),
+                  log[-1500:])
 
 
 def run_together(*loads: Load, seconds: float = 3.0) -> list[Result]:
