@@ -292,7 +292,8 @@ def test_hostile_environment_does_not_reach_the_hook(
     marker = tmp_path / "hijacked"
     evil = tmp_path / "evil"
     evil.mkdir()
-    for module in ("fcntl", "collections", "ctypes", "sitecustomize"):  # modules the hook loads
+    # Modules the hook loads that some Python builds find on the path (not built in or frozen).
+    for module in ("fcntl", "errno", "_ctypes", "_json", "sitecustomize"):
         (evil / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     (evil / "evil.so").write_text("not a library\n")
     poison = (
