@@ -28,6 +28,9 @@
 #define BATCH 256               /* records the thread reads at a time */
 #define FIRST_GUESS_NS 100000   /* charged for a kernel never measured, before any other was */
 #define SETTLED 4               /* timed launches after which a kernel's cost is trusted */
+#define SMALL_NS 200000         /* a kernel shorter than this is timed only now and then */
+#define SAMPLE_EVERY 16         /* ... once in this many launches */
+#define ONE_STREAM 64           /* ... when the process's last launches all went to one stream */
 #define TICK_NS 1000000         /* the thread reads completed events this often */
 #define NAP_NS 20000000         /* a waiting launch looks at the bucket again this often */
 #define REPORT_NS 1000000000LL  /* the thread logs each device's share this often (info) */
@@ -67,6 +70,7 @@ struct vc_pacer_context {
 struct kernel {
     uint64_t key;               /* 0: a free entry */
     int device;
+    uint32_t untimed;           /* launches since the last timed one */
     uint32_t untimed_guesses;   /* launches charged a guess and not timed: corrected */
     int64_t untimed_guess_ns;   /* once the cost is settled */
     uint32_t costs;             /* timed launches charged */
@@ -78,6 +82,7 @@ enum record_state { OPEN, ENDED, VOID };
 
 struct record {
     struct vc_pacer_context *context;   /* NULL: its context is gone */
+    CUevent start;              /* NULL, or recorded right before the launch (a sample) */
     CUevent end;                /* recorded right after the launch */
     uint64_t stream;            /* stream_key() of its stream */
     uint64_t key;
@@ -89,10 +94,11 @@ struct record {
 };
 
 /* What the thread read of one record, outside the lock: where on the
- * context's timeline its launch call began and its end event completed. */
+ * context's timeline its launch call began, its start event (if any) and
+ * its end event completed. */
 struct reading {
     bool complete, placed;
-    int64_t launching, end;
+    int64_t launching, start, end;
 };
 
 /* Guarded by lock, which is never held across a driver call. */
@@ -106,6 +112,8 @@ static uint32_t head, tail;     /* records head..tail-1 are in use, in launch or
 static bool started, stopping, reading;
 static bool forgot;              /* a context went: the thread's current one may be gone */
 static int64_t typical_ns = FIRST_GUESS_NS;   /* the guess for a kernel not settled yet */
+static uint64_t last_stream;    /* stream_key() of the process's last launch */
+static uint32_t same_stream;    /* launches in a row on it */
 static uint64_t last_gpu_ns[VC_MAX_DEVICES];
 static unsigned measured;       /* launches read since the last report */
 
@@ -171,21 +179,48 @@ static uint64_t stream_key(CUstream stream, bool ptsz)
     return !stream || stream == CU_STREAM_LEGACY ? 1 : (uintptr_t)stream;
 }
 
-/* Takes a record with one of the context's events for launch l; false if none is free. */
-static bool take_record(struct vc_launch *l, int64_t now)
+/* Takes a record with the context's events for launch l (two with_start,
+ * else one); false if there are not enough. */
+static bool take_record(struct vc_launch *l, bool with_start, int64_t now)
 {
     struct vc_pacer_context *c = l->context;
     if (c->nfree < EVENTS_LOW)
         pthread_cond_signal(&wake);
-    if (!c->nfree || tail - head == RECORDS)
+    if (c->nfree < 1u + with_start || tail - head == RECORDS)
         return false;
     l->record = tail++;
     /* A reference older than a rebase or two places launches imprecisely. */
     bool placed = c->published >= 0 && now - c->published_at < 3 * REBASE_NS;
+    CUevent start = with_start ? c->free[--c->nfree] : NULL;
     records[l->record % RECORDS] = (struct record){
-        c, c->free[--c->nfree], stream_key(l->stream, l->ptsz), l->key, l->device,
+        c, start, c->free[--c->nfree], stream_key(l->stream, l->ptsz), l->key, l->device,
         placed ? c->published : -1, l->charged, 0, OPEN};
     return true;
+}
+
+/* Whether launch l is timed, and how. A launch is timed by an event right
+ * behind it and, to know when its kernel started, one right before it. But
+ * an event between two kernels of a stream costs the device a moment (about
+ * 2 us on an H200, a sixth of a 12 us kernel). So a small kernel goes
+ * without the event before it (its start is when the launch before it on
+ * its stream ended), and a small steady kernel of a process that launches on
+ * one stream is timed once in SAMPLE_EVERY launches, the others charged its
+ * cost untimed. Kernels on several streams are all timed, to be on the
+ * timeline and count once where they overlap. */
+static void plan_timing(struct vc_launch *l, struct kernel *k, int64_t now)
+{
+    uint64_t stream = stream_key(l->stream, l->ptsz);
+    if (stream != last_stream)
+        same_stream = 0;
+    else if (same_stream < ONE_STREAM)
+        same_stream++;
+    last_stream = stream;
+    bool small = k->costs >= SETTLED && k->cost < SMALL_NS;
+    bool sampled = small && k->estimate.steady && same_stream >= ONE_STREAM;
+    if (sampled && ++k->untimed < SAMPLE_EVERY)
+        return;
+    k->untimed = 0;
+    l->timed = take_record(l, !small || sampled, now);
 }
 
 /* The untimed launch l of a kernel not settled yet is corrected when it settles. */
@@ -218,24 +253,26 @@ static void learn_cost(struct kernel *k, int64_t cost)
     }
 }
 
-/* Charges what record r really cost. Its kernel started when the launch
- * before it on its stream ended, or when its launch call began if that was
- * later: its time is from then to its end event. It is charged the busy time
- * it added to its context (the union over its streams), and a steady kernel
- * at most half again its estimate: what exceeds that ran while another
- * process had the device. */
+/* Charges what record r really cost. Its kernel started when its start event
+ * completed (a sample) or else the launch before it on its stream ended, or
+ * when its launch call began if that was later: its time is from then to its
+ * end event. It is charged the busy time it added to its context (the union
+ * over its streams), and a steady kernel at most a quarter more than its
+ * estimate: what exceeds that ran while another process had the device. */
 static void settle(struct record *r, const struct reading *m)
 {
     struct vc_pacer_context *c = r->context;
     struct kernel *k = kernel_of(r->key);
     struct lane *lane = &c->lanes[r->stream % LANES];
     int64_t start = m->launching;
-    if (lane->stream == r->stream && lane->end > start)
+    if (m->start > start)
+        start = m->start;
+    else if (m->start < 0 && lane->stream == r->stream && lane->end > start)
         start = lane->end;
     *lane = (struct lane){r->stream, m->end};
     int64_t from = start > c->covered ? start : c->covered;
     int64_t cost = m->end > from ? m->end - from : 0;
-    int64_t cap = k && k->estimate.steady ? k->estimate.ns + k->estimate.ns / 2 : INT64_MAX;
+    int64_t cap = k && k->estimate.steady ? k->estimate.ns + k->estimate.ns / 4 : INT64_MAX;
     if (m->end > c->covered)
         c->covered = m->end;
     cost = cost < cap ? cost : cap;
@@ -335,7 +372,7 @@ static int64_t since(CUevent ref, CUevent event)
  * once complete; its reference maps the clock onto the timeline. */
 static void read_record(const struct record *r, struct reading *m, CUcontext *current)
 {
-    *m = (struct reading){false, false, -1, -1};
+    *m = (struct reading){false, false, -1, -1, -1};
     struct vc_pacer_context *c = r->context;
     if (!set_current(c->ctx, current))
         return;
@@ -347,10 +384,11 @@ static void read_record(const struct record *r, struct reading *m, CUcontext *cu
     if (q != CUDA_SUCCESS || r->generation < 0 || c->complete - r->generation >= REFS - 1)
         return;
     const struct ref *ref = &c->refs[r->generation % REFS];
-    int64_t end = since(ref->event, r->end);
-    if (end >= 0) {
+    int64_t end = since(ref->event, r->end), start = r->start ? since(ref->event, r->start) : -1;
+    if (end >= 0 && (!r->start || start >= 0)) {
         m->placed = true;
         m->launching = ref->offset + (r->launching - ref->recorded);
+        m->start = r->start ? ref->offset + start : -1;
         m->end = ref->offset + end;
     }
 }
@@ -440,8 +478,11 @@ static void read_round(CUcontext *current)
         struct record *r = &records[(first + i) % RECORDS];
         if (r->state == ENDED && r->context && readings[i].placed)
             settle(r, &readings[i]);
-        if (r->context)
+        if (r->context) {
             r->context->free[r->context->nfree++] = r->end;
+            if (r->start)
+                r->context->free[r->context->nfree++] = r->start;
+        }
     }
     head = first + done;
 }
@@ -589,11 +630,17 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
     struct kernel *k = claim_kernel(key, l->device);
     l->guessed = k->costs < SETTLED;
     l->charged = k->costs ? k->cost : typical_ns;
-    l->timed = take_record(l, vc_clock_ns());
+    plan_timing(l, k, vc_clock_ns());
     pthread_mutex_unlock(&lock);
     charge(l->device, l->charged);
-    if (l->timed)
-        records[l->record % RECORDS].launching = vc_clock_ns();
+    struct record *timed = l->timed ? &records[l->record % RECORDS] : NULL;
+    if (timed && timed->start && record_event(timed->start, l) != CUDA_SUCCESS) {
+        close_record(l, VOID);
+        timed = NULL;
+        l->timed = false;
+    }
+    if (timed)
+        timed->launching = vc_clock_ns();
     return true;
 }
 
@@ -658,7 +705,8 @@ void vc_pacer_forked(void)
     memset(contexts, 0, sizeof contexts);
     memset(kernels, 0, sizeof kernels);
     memset(last_gpu_ns, 0, sizeof last_gpu_ns);
-    head = tail = measured = 0;
+    head = tail = measured = same_stream = 0;
+    last_stream = 0;
     started = stopping = reading = forgot = false;
     typical_ns = FIRST_GUESS_NS;
 }

@@ -17,7 +17,8 @@
  * Capture follows the driver: a launch or graph launch into a capturing
  * stream adds a node instead of running; an event recorded into it marks
  * the stream's position in the capture (and is counted, for the tests:
- * fakeRecordsInCapture); the legacy stream cannot be captured, and using it
+ * fakeRecordsInCapture, as the others are: fakeEventRecords); the legacy
+ * stream cannot be captured, and using it
  * while a blocking stream captures invalidates that capture. Querying or
  * synchronizing (streams, events, the context) from a thread whose capture
  * mode forbids it while a capture runs fails with
@@ -85,7 +86,7 @@ static struct stream streams[MAX_STREAMS];
 static struct event events[MAX_EVENTS];
 static struct graph graphs[MAX_GRAPHS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned long records_in_capture;
+static unsigned long records_in_capture, records_run;
 static __thread struct stream *per_thread;
 static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
@@ -125,7 +126,7 @@ void fake_gpu_forget(void)
     memset(events, 0, sizeof events);
     memset(graphs, 0, sizeof graphs);
     streams[0] = (struct stream){.alive = true, .blocking = true};
-    records_in_capture = 0;
+    records_in_capture = records_run = 0;
     per_thread = NULL;
     pthread_mutex_unlock(&lock);
 }
@@ -134,6 +135,14 @@ unsigned long fakeRecordsInCapture(void)
 {
     pthread_mutex_lock(&lock);
     unsigned long n = records_in_capture;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+unsigned long fakeEventRecords(void)
+{
+    pthread_mutex_lock(&lock);
+    unsigned long n = records_run;
     pthread_mutex_unlock(&lock);
     return n;
 }
@@ -569,6 +578,7 @@ static CUresult event_record(CUevent hEvent, CUstream hStream, bool per_thread_d
         e->captured = true;
     } else {
         *e = (struct event){true, true, false, e->flags, event_at(s)};
+        records_run++;
     }
     pthread_mutex_unlock(&lock);
     return r;

@@ -17,6 +17,7 @@ void fake_pools_synchronized(void);    /* pools give back what exceeds their thr
 /* fake_gpu.c */
 void fake_gpu_forget(void);            /* a new process: no streams, events, modules, graphs */
 unsigned long fakeRecordsInCapture(void);
+unsigned long fakeEventRecords(void);
 
 #define PER_THREAD(name) CUresult name##_ptsz
 PER_THREAD(cuStreamSynchronize)(CUstream hStream);

@@ -16,7 +16,7 @@
  *   info | total DEV | nvml | wait | sleep MS | fork CMD;CMD... | hammer BYTES
  *   resolve | wrapped
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
- *   badlaunch N | threads
+ *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
  * K, M or G suffix (powers of 1024).
  *
@@ -38,6 +38,7 @@
  *   replay    launches that graph back to back for MS ms, like load.
  *   badlaunch makes N launches of a function that does not exist.
  *   threads   prints how many threads the process has.
+ *   records   prints how many events the process recorded (test double only, else -).
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -599,6 +600,14 @@ static void load(const char *label, enum api_kind kind, uint64_t ns, CUgraphExec
             100.0 * (double)launches * (double)work_ns / (double)wall);
 }
 
+/* A count the test double keeps (its function's name), as text; "-" on a real driver. */
+static const char *fake_count(const char *function, char text[32])
+{
+    unsigned long (*count)(void) = (unsigned long (*)(void))dlsym(RTLD_DEFAULT, function);
+    snprintf(text, 32, count ? "%lu" : "-", count ? count() : 0);
+    return text;
+}
+
 static int run(char **cmd, int n);
 
 /* Runs one command starting at cmd[0]; returns how many words it used. */
@@ -834,12 +843,8 @@ static int step(char **cmd, int left)
             r = capture_graph(kind, ns, count, CU_STREAM_CAPTURE_MODE_GLOBAL, inner, &captured,
                               &nodes);
         captured_ns = ns * (uint64_t)count;
-        unsigned long (*records)(void) = (unsigned long (*)(void))dlsym(RTLD_DEFAULT,
-                                                                       "fakeRecordsInCapture");
-        char counted[32] = "-";
-        if (records)
-            snprintf(counted, sizeof counted, "%lu", records());
-        out("capture %s %zu %s\n", name(r), nodes, counted);
+        char counted[32];
+        out("capture %s %zu %s\n", name(r), nodes, fake_count("fakeRecordsInCapture", counted));
         return 4;
     }
     if (!strcmp(c, "badlaunch")) {
@@ -849,6 +854,11 @@ static int step(char **cmd, int left)
             r = api.LaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
         out("badlaunch %s\n", name(r));
         return 2;
+    }
+    if (!strcmp(c, "records")) {
+        char counted[32];
+        out("records %s\n", fake_count("fakeEventRecords", counted));
+        return 1;
     }
     if (!strcmp(c, "threads")) {
         DIR *d = opendir("/proc/self/task");

@@ -139,6 +139,19 @@ def test_every_launch_call_is_paced_however_it_is_reached(
     assert abs(share(lines) - 30) <= BAND
 
 
+@pytest.mark.parametrize(("streams", "at_most", "at_least"), [(0, 0.35, 0.0), (2, 9.0, 1.2)])
+def test_small_kernels_on_one_stream_are_timed_now_and_then_and_on_several_all(
+    gpu: FakeGpu, streams: int, at_most: float, at_least: float
+) -> None:
+    limited(gpu, 30)
+    lines = gpu.lines(*LOAD, *load("kernel", 50 * US, 1000, streams=streams), "records")
+    launches = int(next(line for line in lines if line[0] == "load")[2])
+    # The probe records one event a stream every 8 launches itself.
+    recorded = int(lines[-1][1]) / launches
+    assert at_least <= recorded <= at_most, recorded
+    assert abs(share(lines) - 30) <= BAND
+
+
 def test_several_threads_on_several_streams_share_one_limit(gpu: FakeGpu) -> None:
     limited(gpu, 60)
     lines = gpu.lines(*LOAD, *load("kernel", 200 * US, 2000, streams=2, threads=3))
