@@ -1,4 +1,4 @@
-"""Reading the shim's shared account file (layout version 1, documented in cshim/README.md).
+"""Reading the shim's shared account file (layout version 2, documented in cshim/README.md).
 
 The shim's processes update the file in place while the agent reads it. No
 lock is taken: every figure is one aligned 8-byte store, so a read sees each
@@ -15,11 +15,11 @@ import struct
 from collections import namedtuple
 
 MAGIC = b"VCUDAACC"
-VERSION = 1
+VERSION = 2
 _HEADER = struct.Struct("<8sIIIIIIqII")
 _UUIDS_AT = 64
 _SLOT = struct.Struct("<iIQ16Q")
-# header_size, max_devices, max_slots, slot_size, uuid_size of version 1
+# header_size, max_devices, max_slots, slot_size, uuid_size of version 2
 _GEOMETRY = (4096, 16, 1024, _SLOT.size, 96)
 SIZE = _GEOMETRY[0] + _GEOMETRY[2] * _GEOMETRY[3]
 

@@ -1,4 +1,4 @@
-"""Account files written byte by byte from the layout cshim/README.md documents (version 1)."""
+"""Account files written byte by byte from the layout cshim/README.md documents (version 2)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def account_bytes(devices: list[str], slots: list[tuple[int, int, list[int]]],
     """An account of ``devices`` (UUIDs) and ``slots``: (pid, start time, bytes per device)."""
     data = bytearray(SIZE)
     slot_bound = len(slots) if bound is None else bound
-    _HEADER.pack_into(data, 0, b"VCUDAACC", 1, 4096, 16, 1024, _SLOT.size, 96, 0, len(devices),
+    _HEADER.pack_into(data, 0, b"VCUDAACC", 2, 4096, 16, 1024, _SLOT.size, 96, 0, len(devices),
                       slot_bound)
     for index, uuid in enumerate(devices):
         raw = uuid.encode()
