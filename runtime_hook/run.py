@@ -143,7 +143,7 @@ def _build_parser() -> argparse.ArgumentParser:
         type=int,
         default=100,
         metavar="N",
-        help="percent of each GPU's time, 1..100 (recorded; compute pacing is not enforced yet)",
+        help="percent of each GPU's time, 1..100 (default 100: no pacing)",
     )
     parser.add_argument(
         "--devices",
