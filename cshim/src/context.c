@@ -279,43 +279,44 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     return end(&op, r, r == CUDA_SUCCESS ? *pctx : NULL);
 }
 
-/* The CUDA runtime still asks for the original release and reset (version 7.0). */
-CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
+static CUresult release_primary(CUdevice dev, CUresult (*real)(CUdevice))
 {
     if (last_reference(dev))
         vc_pacer_forget_device(dev);
-    CUresult r = vc_real_cuDevicePrimaryCtxRelease(dev);
+    CUresult r = real(dev);
     if (r == CUDA_SUCCESS)
         primary_released(dev);
     return r;
+}
+
+static CUresult reset_primary(CUdevice dev, CUresult (*real)(CUdevice))
+{
+    vc_pacer_forget_device(dev);
+    CUresult r = real(dev);
+    if (r == CUDA_SUCCESS)
+        primary_reset(dev);
+    return r;
+}
+
+/* The CUDA runtime still asks for the original release and reset (version 7.0). */
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return release_primary(dev, vc_real_cuDevicePrimaryCtxRelease);
 }
 
 CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-    if (last_reference(dev))
-        vc_pacer_forget_device(dev);
-    CUresult r = vc_real_cuDevicePrimaryCtxRelease_v2(dev);
-    if (r == CUDA_SUCCESS)
-        primary_released(dev);
-    return r;
+    return release_primary(dev, vc_real_cuDevicePrimaryCtxRelease_v2);
 }
 
 CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 {
-    vc_pacer_forget_device(dev);
-    CUresult r = vc_real_cuDevicePrimaryCtxReset(dev);
-    if (r == CUDA_SUCCESS)
-        primary_reset(dev);
-    return r;
+    return reset_primary(dev, vc_real_cuDevicePrimaryCtxReset);
 }
 
 CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
-    vc_pacer_forget_device(dev);
-    CUresult r = vc_real_cuDevicePrimaryCtxReset_v2(dev);
-    if (r == CUDA_SUCCESS)
-        primary_reset(dev);
-    return r;
+    return reset_primary(dev, vc_real_cuDevicePrimaryCtxReset_v2);
 }
 
 void vc_contexts_forked(void)
