@@ -28,9 +28,12 @@
 #define BATCH 256               /* records the thread reads at a time */
 #define FIRST_GUESS_NS 100000   /* charged for a kernel never measured, before any other was */
 #define SETTLED 4               /* timed launches after which a kernel's cost is trusted */
-#define SMALL_NS 200000         /* a kernel shorter than this is timed only now and then */
-#define SAMPLE_EVERY 16         /* ... once in this many launches */
+#define SMALL_NS 200000         /* a kernel shorter than this is timed in runs */
 #define ONE_STREAM 64           /* ... when the process's last launches all went to one stream */
+#define RUN 32                  /* the most launches a run times with one pair of events */
+#define RUN_STALE_NS 20000000   /* a run this long past its projected end is given up */
+#define OVER_PERCENT 25         /* a launch is charged at most this much over its estimate */
+#define RUN_OVER_PERCENT 10     /* ... in a run, whose mean time strays less than one's */
 #define TICK_NS 1000000         /* the thread reads completed events this often */
 #define NAP_NS 20000000         /* a waiting launch looks at the bucket again this often */
 #define REPORT_NS 1000000000LL  /* the thread logs each device's share this often (info) */
@@ -70,7 +73,6 @@ struct vc_pacer_context {
 struct kernel {
     uint64_t key;               /* 0: a free entry */
     int device;
-    uint32_t untimed;           /* launches since the last timed one */
     uint32_t untimed_guesses;   /* launches charged a guess and not timed: corrected */
     int64_t untimed_guess_ns;   /* once the cost is settled */
     uint32_t costs;             /* timed launches charged */
@@ -80,18 +82,35 @@ struct kernel {
 
 enum record_state { OPEN, ENDED, VOID };
 
+/* The timing of one launch, or of a run: launches in a row on one stream,
+ * timed together. */
 struct record {
     struct vc_pacer_context *context;   /* NULL: its context is gone */
-    CUevent start;              /* NULL, or recorded right before the launch (a sample) */
-    CUevent end;                /* recorded right after the launch */
+    CUevent start;              /* NULL, or recorded right before the (first) launch */
+    CUevent end;                /* recorded right after the (last) launch */
     uint64_t stream;            /* stream_key() of its stream */
     uint64_t key;
     int device;
     int64_t generation;         /* the reference it is placed against; -1: none */
-    int64_t charged;
-    int64_t launching;          /* vc_clock_ns() when the launch call began */
+    int64_t charged;            /* what its launches were charged up front */
+    int64_t launching;          /* vc_clock_ns() when the (first) launch call began */
+    int64_t cap;                /* the most it is charged: a little over the estimates */
+    uint32_t seq;               /* its number: a run's owner knows it by it */
+    uint32_t launches;          /* it times; 0: a single launch, not a run */
+    bool mixed;                 /* a run of several kernels: no one kernel's time */
+    int64_t drained;            /* a run: when its launches' kernels should be done (clock) */
     enum record_state state;
 };
+
+/* The run this thread is adding its launches to, if open; and the stream
+ * whose run its last launch filled and ended, if any. */
+static __thread struct {
+    bool open;
+    uint32_t seq;
+    struct vc_pacer_context *context;
+    uint64_t stream;
+    uint64_t filled;
+} run;
 
 /* What the thread read of one record, outside the lock: where on the
  * context's timeline its launch call began, its start event (if any) and
@@ -179,9 +198,18 @@ static uint64_t stream_key(CUstream stream, bool ptsz)
     return !stream || stream == CU_STREAM_LEGACY ? 1 : (uintptr_t)stream;
 }
 
-/* Takes a record with the context's events for launch l (two with_start,
- * else one); false if there are not enough. */
-static bool take_record(struct vc_launch *l, bool with_start, int64_t now)
+/* The most a launch of kernel k is charged once timed: a steady kernel,
+ * percent over its estimate (what exceeds that ran while another process had
+ * the device); any other, what was measured. */
+static int64_t cap_of(const struct kernel *k, int64_t percent)
+{
+    return k->estimate.steady ? k->estimate.ns + k->estimate.ns * percent / 100
+                              : INT64_MAX / (2 * RUN);
+}
+
+/* Takes a record with the context's events for launch l of kernel k (two
+ * with_start, else one); false if there are not enough. */
+static bool take_record(struct vc_launch *l, const struct kernel *k, bool with_start, int64_t now)
 {
     struct vc_pacer_context *c = l->context;
     if (c->nfree < EVENTS_LOW)
@@ -194,20 +222,74 @@ static bool take_record(struct vc_launch *l, bool with_start, int64_t now)
     CUevent start = with_start ? c->free[--c->nfree] : NULL;
     records[l->record % RECORDS] = (struct record){
         c, start, c->free[--c->nfree], stream_key(l->stream, l->ptsz), l->key, l->device,
-        placed ? c->published : -1, l->charged, 0, OPEN};
+        placed ? c->published : -1, l->charged, 0, cap_of(k, OVER_PERCENT), l->record, 0, false, 0,
+        OPEN};
     return true;
 }
 
-/* Whether launch l is timed, and how. A launch is timed by an event right
- * behind it and, to know when its kernel started, one right before it. But
- * an event between two kernels of a stream costs the device a moment (about
- * 2 us on an H200, a sixth of a 12 us kernel). So a small kernel goes
- * without the event before it (its start is when the launch before it on
- * its stream ended), and a small steady kernel of a process that launches on
- * one stream is timed once in SAMPLE_EVERY launches, the others charged its
- * cost untimed. Kernels on several streams are all timed, to be on the
- * timeline and count once where they overlap. */
-static void plan_timing(struct vc_launch *l, struct kernel *k, int64_t now)
+/* This thread's open run, if it is still open (lock held). */
+static struct record *open_run(void)
+{
+    struct record *r = &records[run.seq % RECORDS];
+    run.open = run.open && r->seq == run.seq && r->state == OPEN && r->context == run.context;
+    return run.open ? r : NULL;
+}
+
+/* Whether launch l, on stream at now, of a kernel whose cost is settled or
+ * not, may join this thread's open run: the same context and stream, the run
+ * not full, its kernels still queued (else the device may idle inside it),
+ * and the kernel's cost known (one not settled is timed alone, to learn it). */
+static bool joins_run(const struct vc_launch *l, bool settled, uint64_t stream, int64_t now)
+{
+    const struct record *r = open_run();
+    return r && settled && run.context == l->context && run.stream == stream
+           && r->launches < RUN && now <= r->drained;
+}
+
+/* Opens a run with launch l of kernel k (lock held). */
+static void open_run_with(struct vc_launch *l, const struct kernel *k, uint64_t stream,
+                          int64_t now)
+{
+    struct record *r = &records[l->record % RECORDS];
+    r->launches = 1;
+    r->cap = cap_of(k, RUN_OVER_PERCENT);
+    r->drained = now + l->charged;
+    run.open = true;
+    run.seq = l->record;
+    run.context = l->context;
+    run.stream = stream;
+}
+
+/* Launch l of kernel k joins this thread's open run (lock held). */
+static void join_run(struct vc_launch *l, const struct kernel *k, int64_t now)
+{
+    struct record *r = &records[run.seq % RECORDS];
+    r->launches++;
+    r->charged += l->charged;
+    r->cap += cap_of(k, RUN_OVER_PERCENT);
+    r->mixed = r->mixed || k->key != r->key;
+    r->drained = (r->drained > now ? r->drained : now) + l->charged;
+    l->timed = true;
+    l->record = run.seq;
+    l->ends = r->launches == RUN;
+}
+
+/* Whether launch l of kernel k is timed, and how; true when it takes a new
+ * record. A launch is timed by an event right behind it and, to know when
+ * its kernel started, one right before it. But an event between two kernels
+ * of a stream costs the device a moment (about 2 us on an H200, a sixth of a
+ * 12 us kernel), and a launch timed alone is charged that moment too. So a
+ * small kernel goes without the event before it (its start is when the
+ * launch before it on its stream ended, or its launch call if later); and in
+ * a process that launches on one stream, a small kernel whose cost is known
+ * opens a run that the launches right after it join (any kernel whose cost
+ * is known), up to RUN, timed by one pair of events. A run's start event
+ * matters: the device may be running another process's time slice when it
+ * begins, and its kernels start only after that. One right behind a full run
+ * has none: the full run's end event is its start. Kernels on several
+ * streams are all timed, to be on the timeline and count once where they
+ * overlap. */
+static bool plan_timing(struct vc_launch *l, struct kernel *k, int64_t now)
 {
     uint64_t stream = stream_key(l->stream, l->ptsz);
     if (stream != last_stream)
@@ -215,12 +297,19 @@ static void plan_timing(struct vc_launch *l, struct kernel *k, int64_t now)
     else if (same_stream < ONE_STREAM)
         same_stream++;
     last_stream = stream;
-    bool small = k->costs >= SETTLED && k->cost < SMALL_NS;
-    bool sampled = small && k->estimate.steady && same_stream >= ONE_STREAM;
-    if (sampled && ++k->untimed < SAMPLE_EVERY)
-        return;
-    k->untimed = 0;
-    l->timed = take_record(l, !small || sampled, now);
+    bool settled = k->costs >= SETTLED, follows = run.filled == stream;
+    run.filled = 0;
+    if (joins_run(l, settled, stream, now)) {
+        join_run(l, k, now);
+        return false;
+    }
+    bool small = settled && k->cost < SMALL_NS;
+    bool runs = small && same_stream >= ONE_STREAM;
+    l->timed = take_record(l, k, !small || (runs && !follows), now);
+    l->ends = !runs;
+    if (l->timed && runs)
+        open_run_with(l, k, stream, now);
+    return l->timed;
 }
 
 /* The untimed launch l of a kernel not settled yet is corrected when it settles. */
@@ -253,12 +342,13 @@ static void learn_cost(struct kernel *k, int64_t cost)
     }
 }
 
-/* Charges what record r really cost. Its kernel started when its start event
- * completed (a sample) or else the launch before it on its stream ended, or
- * when its launch call began if that was later: its time is from then to its
- * end event. It is charged the busy time it added to its context (the union
- * over its streams), and a steady kernel at most a quarter more than its
- * estimate: what exceeds that ran while another process had the device. */
+/* Charges what record r (a launch or a run) really cost. Its kernels started
+ * when its start event completed, or else the launch before it on its stream
+ * ended, or when its (first) launch call began if that was later: its time
+ * is from then to its end event. It is charged the busy time it added to its
+ * context (the union over its streams), at most its cap (a little over the
+ * estimates of steady kernels): what exceeds that ran while another process
+ * had the device. */
 static void settle(struct record *r, const struct reading *m)
 {
     struct vc_pacer_context *c = r->context;
@@ -272,14 +362,15 @@ static void settle(struct record *r, const struct reading *m)
     *lane = (struct lane){r->stream, m->end};
     int64_t from = start > c->covered ? start : c->covered;
     int64_t cost = m->end > from ? m->end - from : 0;
-    int64_t cap = k && k->estimate.steady ? k->estimate.ns + k->estimate.ns / 4 : INT64_MAX;
+    int64_t launches = r->launches ? r->launches : 1;
     if (m->end > c->covered)
         c->covered = m->end;
-    cost = cost < cap ? cost : cap;
-    if (k && m->end > start)
-        vc_estimate_add(&k->estimate, m->end - start, vc_clock_ns());
-    if (k)
-        learn_cost(k, cost);
+    cost = cost < r->cap ? cost : r->cap;
+    /* A run of several kernels tells no one kernel's time: it only corrects the bucket. */
+    if (k && !r->mixed && m->end > start)
+        vc_estimate_add(&k->estimate, (m->end - start) / launches, vc_clock_ns());
+    if (k && !r->mixed)
+        learn_cost(k, cost / launches);
     charge(r->device, cost - r->charged);
     measured++;
 }
@@ -417,9 +508,19 @@ static void report(int64_t now, int64_t *last)
     *last = now;
 }
 
+/* A run whose kernels should long be done: its thread stopped launching (it
+ * may have gone). It is given up, not to hold up the records behind it. */
+static bool stale(const struct record *r, int64_t now)
+{
+    return r->state == OPEN && r->launches && now > r->drained + RUN_STALE_NS;
+}
+
+/* A run open at the head keeps the thread looking, to give it up when stale. */
 static bool has_work(void)
 {
-    return needy_context() || (head != tail && records[head % RECORDS].state != OPEN);
+    return needy_context()
+           || (head != tail && (records[head % RECORDS].state != OPEN
+                                || records[head % RECORDS].launches));
 }
 
 /* One round of the thread: equips a needy context, moves references on,
@@ -440,8 +541,14 @@ static void read_round(CUcontext *current)
         *current = NULL;
     forgot = false;
     uint32_t first = head, n = 0;
-    while (n < BATCH && first + n != tail && records[(first + n) % RECORDS].state != OPEN)
-        n++;
+    int64_t began = vc_clock_ns();
+    for (; n < BATCH && first + n != tail; n++) {
+        struct record *r = &records[(first + n) % RECORDS];
+        if (stale(r, began))
+            r->state = VOID;
+        if (r->state == OPEN)
+            break;
+    }
     reading = true;
     pthread_mutex_unlock(&lock);
 
@@ -581,17 +688,52 @@ static CUresult record_event(CUevent event, const struct vc_launch *l)
                    : vc_real_cuEventRecord(event, l->stream);
 }
 
-/* Closes launch l's record: ENDED, or VOID when its timing failed. */
-static void close_record(struct vc_launch *l, enum record_state state)
+/* Closes record seq, if still open (lock held): ENDED, or VOID when its timing failed. */
+static void close_locked(uint32_t seq, struct vc_pacer_context *context, enum record_state state)
 {
-    pthread_mutex_lock(&lock);
-    struct record *r = &records[l->record % RECORDS];
-    if (r->context == l->context && r->state == OPEN) {
+    struct record *r = &records[seq % RECORDS];
+    if (r->seq == seq && r->context == context && r->state == OPEN) {
         r->state = state;
         pthread_cond_signal(&wake);
     }
+}
+
+/* Closes launch l's record (or run). */
+static void close_record(struct vc_launch *l, enum record_state state)
+{
+    pthread_mutex_lock(&lock);
+    close_locked(l->record, l->context, state);
     if (state == VOID)
         remember_guess(l);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Before launch l, which waits for the bucket if waits: ends this thread's
+ * open run unless l joins it. A run waiting or done would time an idle
+ * device. On l's stream its end event is recorded now, right behind its last
+ * launch; a run on another stream (which may be gone by now) is given up: its
+ * launches keep what they were charged up front. */
+static void end_run_before(const struct vc_launch *l, bool waits)
+{
+    if (!run.open)
+        return;
+    uint64_t stream = stream_key(l->stream, l->ptsz);
+    pthread_mutex_lock(&lock);
+    struct record *r = open_run();
+    const struct kernel *k = kernel_of(l->key);
+    bool here = r && run.context == l->context && run.stream == stream;
+    bool keep = here && !waits && joins_run(l, k && k->costs >= SETTLED, stream, vc_clock_ns());
+    if (r && !here)
+        close_locked(run.seq, run.context, VOID);
+    CUevent end = here && !keep ? r->end : NULL;
+    uint32_t seq = run.seq;
+    run.open = keep;
+    pthread_mutex_unlock(&lock);
+    if (!end)
+        return;
+    enum record_state state = record_event(end, l) == CUDA_SUCCESS ? ENDED : VOID;
+    pthread_mutex_lock(&lock);
+    close_locked(seq, l->context, state);
     pthread_mutex_unlock(&lock);
 }
 
@@ -617,23 +759,25 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
         pthread_mutex_lock(&lock);
     }
     bool paced = c->ctx == ctx && c->device >= 0;
-    *l = (struct vc_launch){c, stream, ptsz, false, false, 0, c->device, key, 0};
+    *l = (struct vc_launch){c, stream, ptsz, false, false, false, 0, c->device, key, 0};
     if (paced)
         start_thread();
     pthread_mutex_unlock(&lock);
     if (!paced)
         return false;
 
+    int64_t *bucket = &vc_region()->bucket[l->device];
+    end_run_before(l, vc_bucket_wait(bucket, vc_clock_ns()) > 0);
     wait_for(l->device);
 
     pthread_mutex_lock(&lock);
     struct kernel *k = claim_kernel(key, l->device);
     l->guessed = k->costs < SETTLED;
     l->charged = k->costs ? k->cost : typical_ns;
-    plan_timing(l, k, vc_clock_ns());
+    bool opened = plan_timing(l, k, vc_clock_ns());
     pthread_mutex_unlock(&lock);
     charge(l->device, l->charged);
-    struct record *timed = l->timed ? &records[l->record % RECORDS] : NULL;
+    struct record *timed = opened ? &records[l->record % RECORDS] : NULL;
     if (timed && timed->start && record_event(timed->start, l) != CUDA_SUCCESS) {
         close_record(l, VOID);
         timed = NULL;
@@ -654,10 +798,12 @@ CUresult vc_pacer_end(struct vc_launch *l, CUresult result)
         }
         return result;
     }
-    if (l->timed)
+    if (l->timed && l->ends) {
+        if (records[l->record % RECORDS].launches)
+            run.filled = stream_key(l->stream, l->ptsz);
         close_record(l, record_event(records[l->record % RECORDS].end, l) == CUDA_SUCCESS ? ENDED
                                                                                           : VOID);
-    else if (l->guessed) {
+    } else if (!l->timed && l->guessed) {
         pthread_mutex_lock(&lock);
         remember_guess(l);
         pthread_mutex_unlock(&lock);
@@ -707,6 +853,8 @@ void vc_pacer_forked(void)
     memset(last_gpu_ns, 0, sizeof last_gpu_ns);
     head = tail = measured = same_stream = 0;
     last_stream = 0;
+    run.open = false;
+    run.filled = 0;
     started = stopping = reading = forgot = false;
     typical_ns = FIRST_GUESS_NS;
 }

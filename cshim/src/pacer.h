@@ -3,12 +3,13 @@
  * time. Each paced launch waits while the device's bucket in the account is
  * in debt, then charges it the estimated GPU time of its kernel (estimate.h;
  * a kernel is known by its function and shape, a graph by its executable
- * graph). Each launch is also timed by a pair of the shim's own events
- * recorded around it, and a thread of the process reads them as they
- * complete and charges the difference: the time the launch added to the
- * context's busy time on the device (the union over its streams), never more
- * than the kernel's estimate, so that another process's time slice or an
- * idle device's start-up is not charged. Nothing is paced or recorded in a
+ * graph). Each launch is also timed by the shim's own events recorded around
+ * it, or, for small kernels on one stream, around a run of launches in a
+ * row, and a thread of the process reads them as they complete and charges
+ * the difference: the time the launches added to the context's busy time on
+ * the device (the union over its streams), never much more than the
+ * kernels' estimates, so that another process's time slice or an idle
+ * device's start-up is not charged. Nothing is paced or recorded in a
  * capturing stream.
  */
 #ifndef VC_PACER_H
@@ -26,7 +27,8 @@ struct vc_launch {
     bool ptsz;            /* a _ptsz call: stream 0 is the per-thread stream */
     bool guessed;         /* charged a guess: the kernel's estimate was not settled yet */
     bool timed;
-    uint32_t record;      /* its timing record, when timed */
+    bool ends;            /* timed, and its record's end event goes right behind it */
+    uint32_t record;      /* its timing record (or run), when timed */
     int device;           /* in the account */
     uint64_t key;
     int64_t charged;      /* GPU ns */

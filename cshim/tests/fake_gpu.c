@@ -12,7 +12,9 @@
  * stream and the device are free. An event completes when the work recorded
  * before it on its stream does, and, as a process's channels only run in
  * its time slices, not while another process's kernel runs; its time is
- * that moment.
+ * that moment. One recorded behind work still to run holds the device for a
+ * moment, as on a real GPU (about 2 us on an H200; VCUDA_FAKE_EVENT_NS sets
+ * it).
  *
  * Capture follows the driver: a launch or graph launch into a capturing
  * stream adds a node instead of running; an event recorded into it marks
@@ -278,6 +280,17 @@ static void run(struct stream *s, int64_t ns)
     timeline_unlock(t);
 }
 
+/* An event behind s's work: s waits a moment after it, and so does the device
+ * if that work is the last it has. */
+static void hold(struct stream *s, int64_t ns)
+{
+    struct fake_timeline *t = timeline_locked();
+    if (t->busy_until == s->tail)
+        t->busy_until += ns;
+    s->tail += ns;
+    timeline_unlock(t);
+}
+
 /* When an event recorded now on s completes: after s's work, outside other processes' kernels. */
 static int64_t event_at(const struct stream *s)
 {
@@ -291,6 +304,17 @@ static int64_t event_at(const struct stream *s)
     }
     timeline_unlock(t);
     return at;
+}
+
+/* What an event between two kernels costs the device. */
+static int64_t event_cost_ns(void)
+{
+    static int64_t cost = -1;
+    if (cost < 0) {
+        const char *set = getenv("VCUDA_FAKE_EVENT_NS");
+        cost = set ? strtoll(set, NULL, 10) : 2000;
+    }
+    return cost;
 }
 
 /* Whether work can be put on s; *captured: it joins s's capture rather than run. */
@@ -578,6 +602,8 @@ static CUresult event_record(CUevent hEvent, CUstream hStream, bool per_thread_d
         e->captured = true;
     } else {
         *e = (struct event){true, true, false, e->flags, event_at(s)};
+        if (s->tail > now_ns())
+            hold(s, event_cost_ns());
         records_run++;
     }
     pthread_mutex_unlock(&lock);

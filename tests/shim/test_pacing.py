@@ -152,6 +152,24 @@ def test_small_kernels_on_one_stream_are_timed_now_and_then_and_on_several_all(
     assert abs(share(lines) - 30) <= BAND
 
 
+def test_small_kernels_timed_in_runs_are_charged_their_own_time_not_the_events(
+    gpu: FakeGpu,
+) -> None:
+    # An event between two kernels holds the device a moment: about 2 us beside
+    # a 12 us kernel on an H200, so 16 us beside these 100 us ones. A kernel
+    # timed alone would be charged its events' moment too and get 0.86 of its
+    # share.
+    limited(gpu, 30)
+    kernel_ns = 100 * US
+    result = gpu.run(*LOAD, *load("kernel", kernel_ns, 2500), VCUDA_FAKE_EVENT_NS=str(16 * US))
+    words = result.stdout.splitlines()[-1].split()
+    launches, got = int(words[2]), float(words[-1])
+    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    # The probe's own checkpoint (an event every 8 launches) costs 2 us a launch.
+    assert kernel_ns <= charged <= 1.06 * kernel_ns, charged
+    assert abs(got - 30) <= BAND, got
+
+
 def test_several_threads_on_several_streams_share_one_limit(gpu: FakeGpu) -> None:
     limited(gpu, 60)
     lines = gpu.lines(*LOAD, *load("kernel", 200 * US, 2000, streams=2, threads=3))
