@@ -1,9 +1,11 @@
-"""The GPU load of the compute-share tests and benchmark (cshim/bench/pacing_load.cu): run, read."""
+"""The GPU load of the compute-share tests and benchmark (cshim/bench/pacing_load.cu): run, read;
+and the GPU's busy time as its driver samples it."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -105,3 +107,22 @@ def run_together(*loads: Load, seconds: float = 3.0) -> list[Result]:
 def run(load: Load, seconds: float = 3.0) -> Result:
     """Runs one load alone."""
     return run_together(load, seconds=seconds)[0]
+
+
+def busy_percent(start: float, end: float) -> float | None:
+    """The share of [start, end] (time.time()) in which GPU 0 ran a kernel, in percent, as
+    its driver samples it (NVML's GPU utilization): GPU time measured apart from the shim.
+    None without samples."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        _, samples = pynvml.nvmlDeviceGetSamples(
+            handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int(start * 1e6))
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+    values = [s.sampleValue.uiVal for s in samples if start * 1e6 <= s.timeStamp <= end * 1e6]
+    return statistics.mean(values) if values else None
