@@ -68,6 +68,15 @@ def test_a_process_of_large_kernels_holds_its_share_of_the_gpus_time_as_its_driv
     assert_within((busy,), cores, result)
 
 
+@pytest.mark.parametrize("cores", [60, 90])
+def test_a_process_of_small_kernels_gets_its_share_of_their_rate_at_60_and_90(
+    baseline: dict[tuple[str, int], float], cores: int
+) -> None:
+    # Small kernels do not lower the clock: their rate share is their time share.
+    result = run(Load("elementwise", 1, Limit(cores)))
+    assert_within(shares(result, baseline["elementwise", 1]), cores, result)
+
+
 def test_four_streams_of_small_kernels_at_60_hold_60(
     baseline: dict[tuple[str, int], float],
 ) -> None:
@@ -84,13 +93,14 @@ def test_two_processes_of_one_container_share_its_30(
     assert_within((together,), 30, first, second)
 
 
+@pytest.mark.parametrize("kind", ["matmul", "elementwise"])
 def test_two_containers_at_30_and_60_each_get_their_share(
-    baseline: dict[tuple[str, int], float], tmp_path: Path
+    baseline: dict[tuple[str, int], float], tmp_path: Path, kind: str
 ) -> None:
-    thirty, sixty = run_together(Load("matmul", 1, Limit(30, tmp_path / "a")),
-                                 Load("matmul", 1, Limit(60, tmp_path / "b")))
-    assert_within(shares(thirty, baseline["matmul", 1]), 30, thirty)
-    assert_within(shares(sixty, baseline["matmul", 1]), 60, sixty)
+    thirty, sixty = run_together(Load(kind, 1, Limit(30, tmp_path / "a")),
+                                 Load(kind, 1, Limit(60, tmp_path / "b")))
+    assert_within(shares(thirty, baseline[kind, 1]), 30, thirty)
+    assert_within(shares(sixty, baseline[kind, 1]), 60, sixty)
 
 
 def probe(*words: str, mode: str = "link", cores: int = 30) -> list[list[str]]:
