@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -237,22 +238,40 @@ def test_a_wrong_node_name_and_a_rejected_token_are_named(
         "spec.nodeName)")
 
 
+class _Serving(logging.Handler):
+    """Catches the port of the agent's "serving" event."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ports: queue.Queue[int] = queue.Queue()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() == "serving":
+            self._ports.put(record.fields["port"])  # type: ignore[attr-defined]
+
+    def port(self, timeout: float) -> int | None:
+        try:
+            return self._ports.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
 def test_the_agent_advertises_and_serves_until_stopped(
     api: FakeNodesApi, kubeconfig: str, devices: list[FakeDevice], tmp_path: Path,
     logs: pytest.CaptureFixture[str],
 ) -> None:
     stop = threading.Event()
-    agent = threading.Thread(target=run, args=(_settings(tmp_path, kubeconfig),
-                                               logging.getLogger("vcuda-node"), stop,
+    log = logging.getLogger("vcuda-node")
+    # Read from the logger itself: reading captured stderr while the agent
+    # writes to it can drop a line.
+    serving = _Serving()
+    log.addHandler(serving)
+    agent = threading.Thread(target=run, args=(_settings(tmp_path, kubeconfig), log, stop,
                                                Nvml(FakeNvml(devices))))
     agent.start()
     deadline = time.monotonic() + 30
     try:
-        port = None
-        while port is None and time.monotonic() < deadline:
-            for line in logs.readouterr().err.splitlines():
-                event = json.loads(line)
-                port = event["port"] if event["event"] == "serving" else port
+        port = serving.port(timeout=30)
         assert port is not None
         series = scrape(port)
         assert set(series["vcuda_gpu_memory_total_bytes"].values()) == {80 * GIB, 40 * GIB}
@@ -262,4 +281,5 @@ def test_the_agent_advertises_and_serves_until_stopped(
     finally:
         stop.set()
         agent.join(timeout=30)
+        log.removeHandler(serving)
     assert not agent.is_alive()
