@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 from demo.commands import REPO, vcuda_command
 from demo.gpu_probe import NO_CUDA_LIBRARY
-from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.contract import Gpu
 
 GIB = 1 << 30
 # Stands in for the node agent's inventory where there is no GPU; the UUIDs say they are made up.

@@ -42,8 +42,7 @@ from demo.reviews import (
     unexpected,
 )
 from demo.steps import OK, Done, Runner, StepFailed, StepSkipped
-from runtime_hook.gpu_inventory import Gpu, InventoryError
-from runtime_hook.gpu_inventory import read as read_inventory
+from runtime_hook.contract import Gpu, InventoryError, read_inventory
 
 INTERRUPTED = 130
 _DESCRIPTION = """\
@@ -332,7 +331,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cuda-python", default="python3", metavar="PYTHON",
                         help="Python with torch or cupy for the CUDA step (default: python3)")
     parser.add_argument("--inventory", type=Path, metavar="FILE",
-                        help="GPU inventory for the hook (format in runtime_hook/gpu_inventory.py)"
+                        help="GPU inventory for the hook (format in runtime_hook/contract.py)"
                              " instead of one from nvidia-smi, or a made-up one without a GPU; "
                              "e.g. a 4 GiB GPU, to see the hook refuse a 10 GiB container")
     parser.add_argument("--keep", action="store_true",

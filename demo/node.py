@@ -19,14 +19,23 @@ from typing import Any, NamedTuple
 
 from demo.commands import REPO
 from runtime_hook.busybox_root import make_busybox_root
-from runtime_hook.gpu_inventory import Gpu, write
-from runtime_hook.limits_file import Limits, LimitsFormatError, parse
+from runtime_hook.contract import (
+    ACCOUNT_PATH,
+    ANNOTATION_DOMAIN,
+    INVENTORY_NAME,
+    LIMITS_PATH,
+    Gpu,
+    Limits,
+    LimitsFormatError,
+    parse_limits,
+    write_inventory,
+)
 
 BASE_SPEC = REPO / "manifests" / "node" / "base-runtime-spec.json"
 BUILT_LIBRARY = REPO / "cshim" / "build" / "libvcuda.so"
 RUNTIME_CLASS = "vcuda"
 # The vcuda handler's pod_annotations (manifests/node/containerd-*.toml).
-POD_ANNOTATIONS = ("vcuda.io/*",)
+POD_ANNOTATIONS = (f"{ANNOTATION_DOMAIN}/*",)
 # Where the node DaemonSet installs the hook's files (README.md, "Node hook").
 _NODE_HOOK = "/usr/local/vcuda/python/runtime_hook/oci_hook.py"
 _NODE_STATE = "/run/vcuda"
@@ -62,7 +71,7 @@ def prepare_node(work: Path, gpus: tuple[Gpu, ...]) -> Node:
     """
     state = work / "state"
     state.mkdir(mode=0o755)
-    write(str(state / "gpus.json"), list(gpus))
+    write_inventory(str(state / INVENTORY_NAME), list(gpus))
     library = BUILT_LIBRARY
     if not library.is_file():
         library = work / "libvcuda.so"
@@ -200,13 +209,13 @@ def limits_problem(seen: dict[str, list[str]], wanted: dict[str, int],
     if not preload or preload[0] != NODE_LIBRARY:
         return "/etc/ld.so.preload does not load libvcuda.so first"
     try:
-        limits = parse("\n".join(seen.get("/etc/vcuda/limits", [])) + "\n")
+        limits = parse_limits("\n".join(seen.get(LIMITS_PATH, [])) + "\n")
     except LimitsFormatError as exc:
-        return f"/etc/vcuda/limits is not a valid limits file: {exc}"
+        return f"{LIMITS_PATH} is not a valid limits file: {exc}"
     expected = Limits(memory=wanted["memory"], cores=wanted["cores"], devices=devices,
-                      account="/run/vcuda/account")
+                      account=ACCOUNT_PATH)
     if limits != expected:
-        return f"/etc/vcuda/limits holds {limits}, expected {expected}"
+        return f"{LIMITS_PATH} holds {limits}, expected {expected}"
     if not any("Read-only" in line for line in seen.get("raise", [])):
         return "the container could write /etc/vcuda/limits"
     return ""

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime_hook.contract import LIMITS_ANNOTATION, render_limits_annotation
+
 NAMESPACE = "demo"
 GIB = 1 << 30
-LIMITS_ANNOTATION = "vcuda.io/limits"
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ SAMPLES = (
         about="10% / 1 GiB, forges a 99% / 80 GiB annotation",
         pod=_pod("forged-limits", "app",
                  {"docker.com/vcuda-core": "10", "docker.com/vcuda-memory": "4"},
-                 {LIMITS_ANNOTATION: json.dumps({"app": {"cores": 99, "memory": 80 * GIB}})}),
+                 {LIMITS_ANNOTATION: render_limits_annotation(
+                     {"app": {"cores": 99, "memory": 80 * GIB}})}),
         allowed=True,
         limits={"app": {"cores": 10, "memory": GIB}},
         runtime_class="vcuda",

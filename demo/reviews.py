@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from demo.pods import GIB, LIMITS_ANNOTATION, SamplePod
+from demo.pods import GIB, SamplePod
+from runtime_hook.contract import LIMITS_ANNOTATION
 
 if TYPE_CHECKING:  # the demo imports demo.admission only once its modules are known present
     from demo.admission import Review

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 
-from runtime_hook import gpu_inventory, inject, ledger, syscalls
+from runtime_hook import inject, ledger, syscalls
+from runtime_hook.contract import ACCOUNT_PATH, Limits, read_inventory, render_limits
 from runtime_hook.hook_cli import LOCK_TIMEOUT, Flags
 from runtime_hook.hook_errors import HookError
 from runtime_hook.hook_log import HookLog
 from runtime_hook.limits_decision import Devices, Request, overcommit, pod_of, visible_devices
-from runtime_hook.limits_file import Limits, render
 from runtime_hook.node_state import (
     ACCOUNT_DIR,
     LIMITS_FILE,
@@ -26,7 +26,7 @@ _FIX_OVERCOMMIT = (
 
 def apply(container: Container, request: Request, flags: Flags, log: HookLog) -> None:
     """Commit ``request`` on this node's GPUs and mount the shim's files into ``container``."""
-    inventory = gpu_inventory.read(flags.inventory)
+    inventory = read_inventory(flags.inventory)
     if inventory is None:
         log.warning(f"no GPU inventory at {flags.inventory}: GPU memory is not checked")
     devices = visible_devices(container.env, container.mount_targets, inventory)
@@ -36,7 +36,7 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
         memory=request.memory,
         cores=request.cores,
         devices=devices.for_limits,
-        account=inject.ACCOUNT_FILE,
+        account=ACCOUNT_PATH,
     )
     if not os.path.isfile(flags.library):
         raise HookError(
@@ -64,7 +64,7 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
         except ledger.DuplicateError as exc:
             raise HookError(str(exc), "the runtime started one container id twice") from None
     try:
-        _prepare(record, render(limits), flags.account_mib)
+        _prepare(record, render_limits(limits), flags.account_mib)
         sources = inject.Sources(
             library=flags.library,
             limits=os.path.join(record, LIMITS_FILE),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+from runtime_hook.contract import INVENTORY_NAME, memory_scaling
 from runtime_hook.hook_errors import HookError
 from runtime_hook.hook_log import LEVELS, HookLog
 from runtime_hook.node_state import StateDir
@@ -36,13 +37,6 @@ start.
 
 class UsageError(ValueError):
     """The command line is wrong; the message says how."""
-
-
-def _scaling(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 100:
-        raise ValueError(f"{text} is not in (0, 100]")
-    return value
 
 
 def _positive(text: str) -> int:
@@ -72,12 +66,12 @@ _OPTIONS: dict[str, tuple] = {
         "inventory",
         str,
         None,
-        "GPU inventory written by the node agent (default STATE_DIR/gpus.json); "
+        f"GPU inventory written by the node agent (default STATE_DIR/{INVENTORY_NAME}); "
         "without it GPU memory is not checked",
     ),
     "--memory-scaling": (
         "memory_scaling",
-        _scaling,
+        memory_scaling,
         1.0,
         "share of each GPU's memory that limited containers may commit, 1.5 to overcommit",
     ),
@@ -99,7 +93,7 @@ class Flags:
         self.stage = stage
         self.state_dir: str = values["state_dir"]
         self.library: str = values["library"]
-        self.inventory: str = values["inventory"] or os.path.join(self.state_dir, "gpus.json")
+        self.inventory: str = values["inventory"] or os.path.join(self.state_dir, INVENTORY_NAME)
         self.memory_scaling: float = values["memory_scaling"]
         self.account_mib: int = values["account_mib"]
         self.log_file: str = values["log_file"] or os.path.join(self.state_dir, "hook.log")

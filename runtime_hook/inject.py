@@ -25,14 +25,12 @@ import os
 from _collections_abc import Callable
 
 from runtime_hook import inroot, syscalls
+from runtime_hook.contract import ACCOUNT_MOUNT, LIMITS_PATH
 from runtime_hook.hook_errors import HookError
-from runtime_hook.limits_file import CONTAINER_PATH as LIMITS_PATH
 from runtime_hook.record import Record
 
 LIBRARY_PATH = "/usr/local/vcuda/lib/libvcuda.so"
 PRELOAD_PATH = "/etc/ld.so.preload"
-ACCOUNT_DIR = "/run/vcuda"
-ACCOUNT_FILE = f"{ACCOUNT_DIR}/account"
 PRELOAD_LIMIT = 64 << 10
 
 _READ_ONLY = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
@@ -131,7 +129,7 @@ def _attach_all(
 ) -> None:
     """The child's work: clone in the host namespace, then join the container's and attach."""
     trees = {
-        ACCOUNT_DIR: _clone(src.account_dir, _ACCOUNT),
+        ACCOUNT_MOUNT: _clone(src.account_dir, _ACCOUNT),
         LIBRARY_PATH: _clone(src.library, _READ_ONLY),
         LIMITS_PATH: _clone(src.limits, _DATA_ONLY),
         PRELOAD_PATH: _clone(src.preload, _DATA_ONLY),
@@ -141,11 +139,11 @@ def _attach_all(
     root = _container_root(proc_root, rootfs, root_stat)
 
     # The directory first: a file mounted earlier could be hidden under it.
-    target = inroot.open_dir(root, ACCOUNT_DIR)
-    inroot.require(target, ACCOUNT_DIR, directory=True)
+    target = inroot.open_dir(root, ACCOUNT_MOUNT)
+    inroot.require(target, ACCOUNT_MOUNT, directory=True)
     if _identity(os.fstat(target)) == _identity(root_stat):
-        raise inroot.InRootError(f"{ACCOUNT_DIR} leads to the container's root directory")
-    syscalls.move_mount(trees[ACCOUNT_DIR], target)
+        raise inroot.InRootError(f"{ACCOUNT_MOUNT} leads to the container's root directory")
+    syscalls.move_mount(trees[ACCOUNT_MOUNT], target)
 
     for path in (LIBRARY_PATH, LIMITS_PATH, PRELOAD_PATH):
         target, existed = inroot.open_file(root, path)

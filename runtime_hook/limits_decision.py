@@ -10,12 +10,10 @@ from __future__ import annotations
 # already; importing collections.abc would load all of collections (2 ms).
 from _collections_abc import Iterable, Mapping
 
-from runtime_hook import fast_json
-from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.contract import LIMITS_ANNOTATION, ContractError, Gpu, container_limits
 from runtime_hook.hook_errors import HookError
 from runtime_hook.record import Record
 
-LIMITS_ANNOTATION = "vcuda.io/limits"
 # containerd's key first, then CRI-O's.
 NAME_ANNOTATIONS = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
 SANDBOX_MARKERS = (
@@ -74,13 +72,6 @@ def requested_limits(annotations: Mapping[str, str]) -> Request | None:
     raw = annotations.get(LIMITS_ANNOTATION)
     if raw is None:
         return None
-    try:
-        table = fast_json.loads(raw)
-    except ValueError as exc:
-        cause = f"annotation {LIMITS_ANNOTATION} is not JSON ({exc})"
-        raise HookError(cause, _FIX_ANNOTATION) from None
-    if not isinstance(table, dict):
-        raise HookError(f"annotation {LIMITS_ANNOTATION} is not a JSON object", _FIX_ANNOTATION)
     name = container_name(annotations)
     if not name:
         raise HookError(
@@ -88,29 +79,14 @@ def requested_limits(annotations: Mapping[str, str]) -> Request | None:
             f"({' or '.join(NAME_ANNOTATIONS)})",
             "run limited containers through Kubernetes (containerd or CRI-O)",
         )
-    entry = table.get(name)
-    if entry is None:
+    try:
+        found = container_limits(raw, name)
+    except ContractError as exc:
+        raise HookError(str(exc), _FIX_ANNOTATION) from None
+    if found is None:
         return None
-    if not isinstance(entry, dict):
-        raise HookError(
-            f"annotation {LIMITS_ANNOTATION}: entry for {name!r} is not an object", _FIX_ANNOTATION
-        )
-    cores = _whole_number(entry, "cores", name, 1, 99)
-    memory = _whole_number(entry, "memory", name, 1, None)
+    cores, memory = found
     return Request(container=name, cores=cores, memory=memory)
-
-
-def _whole_number(entry: dict, key: str, name: str, low: int, high: int | None) -> int:
-    value = entry.get(key)
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if not ok or (high is not None and value > high):
-        span = f"{low}..{high}" if high is not None else f"at least {low}"
-        raise HookError(
-            f"annotation {LIMITS_ANNOTATION}: {key} of {name!r} is {value!r}, "
-            f"expected a whole number {span}",
-            _FIX_ANNOTATION,
-        )
-    return value
 
 
 def visible_devices(

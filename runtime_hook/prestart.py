@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from runtime_hook.gpu_inventory import InventoryError
+from runtime_hook.contract import InventoryError, LimitsFormatError
 from runtime_hook.hook_cli import Flags
 from runtime_hook.hook_errors import HookError
 from runtime_hook.hook_log import HookLog
 from runtime_hook.limits_decision import container_name, pod_of, requested_limits
-from runtime_hook.limits_file import LimitsFormatError
 from runtime_hook.node_state import StateError
 from runtime_hook.oci_spec import Container, load_config, parse_state
 

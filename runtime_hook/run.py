@@ -11,15 +11,20 @@ import tempfile
 from decimal import Decimal
 from pathlib import Path
 
-from runtime_hook.limits_file import CONTAINER_PATH, Limits, LimitsFormatError, render
+from runtime_hook.contract import (
+    LIMITS_PATH,
+    RUN_DIR_PREFIX,
+    RUN_LIMITS_FILE,
+    RUN_OWNER_FILE,
+    Limits,
+    LimitsFormatError,
+    render_limits,
+)
+from runtime_hook.node_state import process_start_time
 
 LIMITS_ENV = "VCUDA_LIMITS_FILE"
 LIBRARY_ENV = "VCUDA_LIBRARY"
 _SYSTEM_LIBRARIES = ("/usr/local/lib/vcuda/libvcuda.so", "/usr/lib/vcuda/libvcuda.so")
-# Each command's private directory under $TMPDIR: the node agent finds running commands by these.
-DIR_PREFIX = "vcuda-run-"
-OWNER_FILE = "owner"
-LIMITS_FILE = "limits"
 _UNITS = {
     "": 1,
     "k": 1000,
@@ -98,32 +103,22 @@ def find_library(explicit: str | None) -> Path:
     )
 
 
-def _start_time(pid: int) -> str | None:
-    """The start time of ``pid`` (/proc/<pid>/stat field 22), or None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
 def _sweep_stale_dirs(base: Path) -> None:
     """Remove the directories of earlier vcuda-run commands whose process has ended."""
-    for directory in base.glob(DIR_PREFIX + "*"):
+    for directory in base.glob(RUN_DIR_PREFIX + "*"):
         try:
             if directory.stat().st_uid != os.getuid():
                 continue
-            pid, start = (directory / OWNER_FILE).read_text().split()
+            pid, start = (directory / RUN_OWNER_FILE).read_text().split()
         except (OSError, ValueError):
             continue
-        if _start_time(int(pid)) != start:
+        if process_start_time(int(pid)) != int(start):
             shutil.rmtree(directory, ignore_errors=True)
 
 
 def _write_limits(limits: Limits, directory: Path) -> Path:
-    path = directory / LIMITS_FILE
-    path.write_text(render(limits))
+    path = directory / RUN_LIMITS_FILE
+    path.write_text(render_limits(limits))
     path.chmod(0o444)
     return path
 
@@ -179,12 +174,13 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
     base = Path(tempfile.gettempdir())
     _sweep_stale_dirs(base)
-    directory = Path(tempfile.mkdtemp(prefix=DIR_PREFIX, dir=base))
+    directory = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=base))
     try:
         account = args.account or str(directory / "account")
         limits = Limits(memory=memory, cores=args.cores, devices=devices, account=account)
         path = _write_limits(limits, directory)
-        (directory / OWNER_FILE).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        owner = f"{os.getpid()} {process_start_time(os.getpid())}\n"
+        (directory / RUN_OWNER_FILE).write_text(owner)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
@@ -203,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         command, env, directory = _prepare(args)
     except (UsageError, LimitsFormatError) as exc:
         parser.error(str(exc))
-    if Path(CONTAINER_PATH).exists():
+    if Path(LIMITS_PATH).exists():
         print(
-            f"vcuda-run: {CONTAINER_PATH} exists here and wins: CMD runs with its limits",
+            f"vcuda-run: {LIMITS_PATH} exists here and wins: CMD runs with its limits",
             file=sys.stderr,
         )
     try:

@@ -10,11 +10,17 @@ from typing import Any
 
 import msgspec
 
-from webhook.patch import escape
+from runtime_hook.contract import (
+    DEFAULT_DOMAINS,
+    MEMORY_UNIT,
+    ContractError,
+    check_domains,
+    is_dns_subdomain,
+    pointer_token,
+    resource_names,
+)
 from webhook.quantity import QuantityError, parse_whole_quantity
 
-MEMORY_UNIT = 256 << 20  # bytes in one vcuda-memory unit
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _RESOURCE_NAME = re.compile(r"[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
@@ -37,7 +43,7 @@ class Config:
             themselves, which would give them a shared GPU with no limits.
     """
 
-    domains: tuple[str, ...] = ("docker.com", "tencent.com")
+    domains: tuple[str, ...] = DEFAULT_DOMAINS
     shared_resource: str = "nvidia.com/gpu.shared"
     exclusive_resource: str = "nvidia.com/gpu"
     runtime_class: str = "vcuda"
@@ -45,20 +51,17 @@ class Config:
     deny_direct_shared: bool = True
 
     def __post_init__(self) -> None:
-        if not self.domains:
-            raise ConfigError("domains: give at least one resource domain")
-        for domain in self.domains:
-            if not _DNS_SUBDOMAIN.fullmatch(domain):
-                raise ConfigError(f"domains: {domain!r} is not a DNS name like 'docker.com'")
-        if len(set(self.domains)) != len(self.domains):
-            raise ConfigError("domains: a domain is listed twice")
+        try:
+            check_domains(self.domains)
+        except ContractError as exc:
+            raise ConfigError(f"domains: {exc}") from None
         for key in ("shared_resource", "exclusive_resource"):
             if not _RESOURCE_NAME.fullmatch(getattr(self, key)):
                 raise ConfigError(f"{key}: {getattr(self, key)!r} is not a resource name "
                                   "like 'nvidia.com/gpu'")
         if self.shared_resource == self.exclusive_resource:
             raise ConfigError("shared_resource and exclusive_resource must differ")
-        if not _DNS_SUBDOMAIN.fullmatch(self.runtime_class):
+        if not is_dns_subdomain(self.runtime_class):
             raise ConfigError(f"runtime_class: {self.runtime_class!r} is not a RuntimeClass name")
         if self.max_gpu_memory < MEMORY_UNIT:
             raise ConfigError(f"max_gpu_memory: must be at least 256Mi, got {self.max_gpu_memory}")
@@ -66,7 +69,7 @@ class Config:
     @cached_property
     def vcuda_keys(self) -> tuple[tuple[str, str, str], ...]:
         """(domain, core resource, memory resource) for each domain."""
-        return tuple((d, f"{d}/vcuda-core", f"{d}/vcuda-memory") for d in self.domains)
+        return tuple((d, *resource_names(d)) for d in self.domains)
 
     @cached_property
     def max_memory_units(self) -> int:
@@ -81,7 +84,8 @@ class Config:
     @cached_property
     def escaped_resources(self) -> dict[str, str]:
         """The device-plugin resource names as JSON Pointer tokens."""
-        return {name: escape(name) for name in (self.shared_resource, self.exclusive_resource)}
+        names = (self.shared_resource, self.exclusive_resource)
+        return {name: pointer_token(name) for name in names}
 
     @cached_property
     def watched_resources(self) -> frozenset[str]:

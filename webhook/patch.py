@@ -1,15 +1,10 @@
-"""JSON Patch (RFC 6902) operations built one at a time, with RFC 6901 pointers."""
+"""JSON Patch (RFC 6902) operations built one at a time."""
 
 from __future__ import annotations
 
 from typing import Any
 
 Operation = dict[str, Any]
-
-
-def escape(token: str) -> str:
-    """Escape one reference token of a JSON Pointer (``nvidia.com/gpu`` -> ``nvidia.com~1gpu``)."""
-    return token.replace("~", "~0").replace("/", "~1")
 
 
 class PatchBuilder:

@@ -6,14 +6,23 @@ from typing import Optional
 
 import msgspec
 
-from webhook.config import MEMORY_UNIT, Config
-from webhook.patch import Operation, PatchBuilder, escape
+from runtime_hook.contract import (
+    CORES_PER_GPU,
+    LIMITS_ANNOTATION,
+    MEMORY_UNIT,
+    SHARE_MAX,
+    SHARE_MIN,
+    SHARES,
+    pointer_token,
+    render_limits_annotation,
+)
+from webhook.config import Config
+from webhook.patch import Operation, PatchBuilder
 from webhook.pod import Container, ObjectMeta, Pod, Quantity, SecurityContext
 from webhook.quantity import QuantityError, parse_whole_quantity
 
-LIMITS_ANNOTATION = "vcuda.io/limits"
 _ANNOTATIONS_PATH = "/metadata/annotations"
-_LIMITS_ANNOTATION_PATH = f"{_ANNOTATIONS_PATH}/{escape(LIMITS_ANNOTATION)}"
+_LIMITS_ANNOTATION_PATH = f"{_ANNOTATIONS_PATH}/{pointer_token(LIMITS_ANNOTATION)}"
 _RUNTIME_CLASS_PATH = "/spec/runtimeClassName"
 _ESCALATING_CAPABILITIES = frozenset({"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"})
 _Values = Optional[dict[str, Quantity]]
@@ -170,7 +179,7 @@ def _vcuda_keys(limits: _Values, requests: _Values, config: Config, who: str,
         core_key, memory_key = config.vcuda_keys[0][1:]
         problems.append(
             f"{who} asks for {config.shared_resource} directly, which would give it a shared "
-            f"GPU without limits; ask for {core_key}: 1..99 and {memory_key}: N "
+            f"GPU without limits; ask for {core_key}: {SHARES} and {memory_key}: N "
             "(units of 256 MiB) instead")
     return None
 
@@ -200,25 +209,25 @@ def _mode(container: Container, limits: _Values, keys: tuple[str, str], who: str
     core_key, memory_key = keys
     problems = findings.problems
     if not limits or core_key not in limits:
-        problems.append(f"{who}: {memory_key} needs {core_key}; add {core_key}: 1..99 to "
-                        f"share one GPU, or {core_key}: 100 for a whole GPU")
+        problems.append(f"{who}: {memory_key} needs {core_key}; add {core_key}: {SHARES} to "
+                        f"share one GPU, or {core_key}: {CORES_PER_GPU} for a whole GPU")
         return None
     cores = _whole(limits, core_key, who, problems)
     if cores is None:
         return None
-    if 1 <= cores <= 99:
+    if SHARE_MIN <= cores <= SHARE_MAX:
         if container.security_context is not None:
             _check_unprivileged(container.security_context, who, core_key, problems)
         memory = _shared_memory(limits, keys, cores, who, config, problems)
         if memory is None:
             return None
         return config.shared_resource, 1, {"cores": cores, "memory": memory}
-    if cores >= 100 and cores % 100 == 0:
+    if cores >= CORES_PER_GPU and cores % CORES_PER_GPU == 0:
         if memory_key in limits:
             findings.warnings.append(f"{who}: {memory_key} is ignored with whole GPUs "
                                      f"({core_key}: {cores})")
-        return config.exclusive_resource, cores // 100, None
-    problems.append(f"{who}: {core_key}: {cores} is neither a share of one GPU (1..99) "
+        return config.exclusive_resource, cores // CORES_PER_GPU, None
+    problems.append(f"{who}: {core_key}: {cores} is neither a share of one GPU ({SHARES}) "
                     "nor whole GPUs (100, 200, ...); write one of those")
     return None
 
@@ -301,7 +310,7 @@ def _write_pod_fields(pod: Pod, config: Config, findings: _Findings) -> None:
             findings.warnings.append(f"{LIMITS_ANNOTATION} was removed: only vcuda writes it, "
                                      "and no container shares a GPU")
         return
-    value = msgspec.json.encode(findings.limits, order="sorted").decode()
+    value = render_limits_annotation(findings.limits)
     if annotations is None:
         patch.add(_ANNOTATIONS_PATH, {LIMITS_ANNOTATION: value})
     else:

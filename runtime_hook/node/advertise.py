@@ -16,12 +16,18 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from runtime_hook import gpu_inventory
-from runtime_hook.gpu_inventory import Gpu
-from webhook.config import MEMORY_UNIT
-from webhook.patch import Operation, escape
+from runtime_hook.contract import (
+    CORES_PER_GPU,
+    MEMORY_UNIT,
+    Gpu,
+    InventoryError,
+    pointer_token,
+    read_inventory,
+    resource_names,
+    write_inventory,
+)
 
-CORES_PER_GPU = 100
+Operation = dict[str, Any]  # one JSON Patch operation
 _FIELDS = ("capacity", "allocatable")
 _FIX_RBAC = "grant it with manifests/node-rbac.yaml (get nodes, patch nodes/status)"
 
@@ -37,8 +43,9 @@ def resources(gpus: Iterable[Gpu], domains: Iterable[str], scaling: float) -> di
     memory = sum(int(gpu.memory * scaling) // MEMORY_UNIT for gpu in gpus)
     found = {}
     for domain in domains:
-        found[f"{domain}/vcuda-core"] = str(cores)
-        found[f"{domain}/vcuda-memory"] = str(memory)
+        core, memory_name = resource_names(domain)
+        found[core] = str(cores)
+        found[memory_name] = str(memory)
     return found
 
 
@@ -53,7 +60,7 @@ def status_patch(node: dict[str, Any], wanted: dict[str, str]) -> list[Operation
             continue
         for name, quantity in sorted(wanted.items()):
             if present.get(name) != quantity:
-                path = f"/status/{field}/{escape(name)}"
+                path = f"/status/{field}/{pointer_token(name)}"
                 operations.append({"op": "add", "path": path, "value": quantity})
     return operations
 
@@ -61,13 +68,13 @@ def status_patch(node: dict[str, Any], wanted: dict[str, str]) -> list[Operation
 def update_inventory(path: str, gpus: list[Gpu]) -> bool:
     """Make the inventory file at ``path`` list ``gpus``; return whether it had to change."""
     try:
-        current = gpu_inventory.read(path)
-    except gpu_inventory.InventoryError:
+        current = read_inventory(path)
+    except InventoryError:
         current = None  # unusable: rewrite it
     if current is not None and set(current.values()) == set(gpus):
         return False
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    gpu_inventory.write(path, sorted(gpus, key=lambda gpu: gpu.index))
+    write_inventory(path, sorted(gpus, key=lambda gpu: gpu.index))
     return True
 
 

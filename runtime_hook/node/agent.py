@@ -7,13 +7,11 @@ import os
 import threading
 from collections import namedtuple
 
-from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.contract import INVENTORY_NAME, Gpu
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.node.metrics import NodeCollector, serve
 from runtime_hook.node.nvml import Nvml, NvmlError
 from runtime_hook.node.observe import Observer
-
-INVENTORY_NAME = "gpus.json"  # the hook's default --inventory, in its state dir
 
 _SETTINGS = (
     "host_root state_dir node domains memory_scaling address port interval run_dirs "

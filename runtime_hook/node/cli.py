@@ -10,6 +10,13 @@ import socket
 import sys
 import threading
 
+from runtime_hook.contract import (
+    DEFAULT_DOMAINS,
+    INVENTORY_NAME,
+    ContractError,
+    check_domains,
+    memory_scaling,
+)
 from runtime_hook.hook_cli import DEFAULT_STATE_DIR
 from runtime_hook.node.logs import LEVELS, event, setup
 from runtime_hook.node.runtime_config import DEFAULT_PREFIX, RUNTIMES
@@ -45,12 +52,9 @@ example, on a GPU machine without Kubernetes (commands started by vcuda-run):
 
 def _scaling(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 100:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number in (0, 100], e.g. 1.5")
-    return value
+        return memory_scaling(text)
+    except ContractError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(text: str) -> float:
@@ -81,7 +85,8 @@ def _common(parser: argparse.ArgumentParser, state_dir: bool = True) -> None:
     if state_dir:
         parser.add_argument("--state-dir", type=_absolute, default=DEFAULT_STATE_DIR,
                             metavar="DIR", help="the hook's state dir on the node: its ledger "
-                            f"and the GPU inventory gpus.json (default: {DEFAULT_STATE_DIR})")
+                            f"and the GPU inventory {INVENTORY_NAME} "
+                            f"(default: {DEFAULT_STATE_DIR})")
     parser.add_argument("--log-level", choices=LEVELS, default="info")
 
 
@@ -132,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="this node's name in Kubernetes (default: $NODE_NAME)")
     agent.add_argument("--domain", action="append", metavar="DOMAIN",
                        help="resource domain to advertise, repeatable (default: the "
-                            "webhook's default domains, docker.com and tencent.com)")
+                            f"webhook's default domains, {' and '.join(DEFAULT_DOMAINS)})")
     agent.add_argument("--memory-scaling", type=_scaling, default=1.0, metavar="X",
                        help="advertise each GPU's memory times X, as install gave the hook "
                             "(default: 1)")
@@ -189,13 +194,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging
         if not args.node_name:
             parser.error("run: --node-name (or $NODE_NAME) is needed to advertise; "
                          "--no-advertise runs without Kubernetes")
-        from webhook.config import Config, ConfigError
-
         try:
-            domains = Config(domains=tuple(args.domain)).domains if args.domain else \
-                Config().domains
-        except ConfigError as exc:
-            parser.error(f"run: --domain: {exc}")
+            domains = check_domains(tuple(args.domain)) if args.domain else DEFAULT_DOMAINS
+        except ContractError as exc:
+            parser.error(f"run: --domain: domains: {exc}")
     settings = agent.Settings(
         host_root=args.host_root,
         state_dir=args.state_dir,

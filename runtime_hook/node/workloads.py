@@ -13,12 +13,19 @@ from __future__ import annotations
 import os
 from collections import namedtuple
 
-from runtime_hook import inject, ledger, run
-from runtime_hook.limits_file import LimitsFormatError, parse
+from runtime_hook import ledger
+from runtime_hook.contract import (
+    ACCOUNT_PATH,
+    RUN_DIR_PREFIX,
+    RUN_LIMITS_FILE,
+    RUN_OWNER_FILE,
+    LimitsFormatError,
+    parse_limits,
+)
 from runtime_hook.node.logs import Problems
 from runtime_hook.node_state import ACCOUNT_DIR, StateDir, process_start_time
 
-_ACCOUNT_NAME = os.path.basename(inject.ACCOUNT_FILE)
+_ACCOUNT_NAME = os.path.basename(ACCOUNT_PATH)
 _MAX_LIMITS = 64 << 10
 
 _FIELDS = "namespace pod container memory cores devices account pid start_time"
@@ -74,7 +81,7 @@ def commands(host_root: str, directories: list[str], problems: Problems) -> list
     for directory in directories:
         base = _on_host(host_root, directory)
         try:
-            names = sorted(n for n in os.listdir(base) if n.startswith(run.DIR_PREFIX))
+            names = sorted(n for n in os.listdir(base) if n.startswith(RUN_DIR_PREFIX))
         except OSError as exc:
             problems.report("vcuda-run", base, f"cannot list: {exc.strerror}")
             continue
@@ -93,17 +100,17 @@ def commands(host_root: str, directories: list[str], problems: Problems) -> list
 
 
 def _command(host_root: str, path: str) -> Workload | None:
-    owner = _read_small(os.path.join(path, run.OWNER_FILE))
+    owner = _read_small(os.path.join(path, RUN_OWNER_FILE))
     if owner is None:
         return None  # being created, or swept
     pid, start_time = (int(word) for word in owner.split())
     if process_start_time(pid) != start_time:
         return None  # ended; the next vcuda-run sweeps the directory
-    text = _read_small(os.path.join(path, run.LIMITS_FILE))
+    text = _read_small(os.path.join(path, RUN_LIMITS_FILE))
     if text is None:
         return None
     try:
-        limits = parse(text.decode("utf-8"))
+        limits = parse_limits(text.decode("utf-8"))
     except (LimitsFormatError, UnicodeDecodeError) as exc:
         raise ValueError(f"limits file: {exc}") from None
     if not limits.account:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from demo.commands import REPO
-from runtime_hook.gpu_inventory import Gpu, write
+from runtime_hook.contract import Gpu, write_inventory
 
 GIB = 1 << 30
 pytestmark = pytest.mark.skipif(
@@ -122,7 +122,7 @@ def test_the_demo_shows_the_whole_path_of_each_pod_and_exits_0(tmp_path: Path) -
 def test_a_container_the_hook_refuses_fails_its_step_and_the_demo_exits_1(
         tmp_path: Path) -> None:
     inventory = tmp_path / "gpus.json"
-    write(str(inventory), [Gpu("GPU-small", 0, 4 * GIB)])
+    write_inventory(str(inventory), [Gpu("GPU-small", 0, 4 * GIB)])
     done = _demo(tmp_path, "--inventory", str(inventory))
     out = done.stdout
     assert done.returncode == 1, out + done.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from demo import node
 from demo.commands import REPO
-from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.contract import Gpu
 
 GIB = 1 << 30
 _GPUS = (Gpu("GPU-a", 0, 80 * GIB),)

@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from runtime_hook.contract import LIMITS_ANNOTATION
 from tests.deploy.manifests import (
     KUBERNETES_VERSION,
     ROOT,
@@ -22,7 +23,6 @@ from tests.deploy.manifests import (
     manifest_files,
 )
 from webhook.config import Config
-from webhook.policy import LIMITS_ANNOTATION
 
 NAMESPACE = "vcuda-system"
 

@@ -134,8 +134,8 @@ def test_missing_inventory_is_logged_and_only_the_memory_check_skipped(
     [
         (["start"], "expected one stage, prestart or poststop, got ['start']"),
         (["prestart", "poststop"], "expected one stage"),
-        (["prestart", "--memory-scaling", "0"], "--memory-scaling: 0 is not in (0, 100]"),
-        (["prestart", "--memory-scaling=lots"], "--memory-scaling: could not convert"),
+        (["prestart", "--memory-scaling", "0"], "--memory-scaling: '0' is not a number in (0"),
+        (["prestart", "--memory-scaling=lots"], "--memory-scaling: 'lots' is not a number"),
         (["prestart", "--account-mib", "-4"], "--account-mib: -4 is not a positive whole number"),
         (["prestart", "--log-level", "loud"], "--log-level: 'loud' is not one of debug, info"),
         (["prestart", "--state-dir"], "--state-dir needs a value"),

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.contract import Gpu
 from runtime_hook.hook_errors import HookError
 from runtime_hook.inject import merge_preload
 from runtime_hook.limits_decision import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.gpu_inventory import Gpu, InventoryError, read, write
+from runtime_hook.contract import Gpu, InventoryError, read_inventory, write_inventory
 from runtime_hook.ledger import DuplicateError, Entry, commit, committed_memory, entries
 from runtime_hook.node_state import ACCOUNT_DIR, StateDir, StateError, process_start_time
 from tests.hook.bundles import mounts_under
@@ -20,13 +20,13 @@ GIB = 1 << 30
 
 def test_inventory_round_trips(tmp_path: Path) -> None:
     gpus = [Gpu("GPU-a", 0, 16 * GIB), Gpu("GPU-b", 1, 80 * GIB)]
-    write(str(tmp_path / "gpus.json"), gpus)
-    assert read(str(tmp_path / "gpus.json")) == {"GPU-a": gpus[0], "GPU-b": gpus[1]}
+    write_inventory(str(tmp_path / "gpus.json"), gpus)
+    assert read_inventory(str(tmp_path / "gpus.json")) == {"GPU-a": gpus[0], "GPU-b": gpus[1]}
     assert [p.name for p in tmp_path.iterdir()] == ["gpus.json"]  # no temporary file left
 
 
 def test_missing_inventory_reads_as_none(tmp_path: Path) -> None:
-    assert read(str(tmp_path / "absent.json")) is None
+    assert read_inventory(str(tmp_path / "absent.json")) is None
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def test_malformed_inventory_is_an_error_naming_the_file(tmp_path: Path, text: s
     path = tmp_path / "gpus.json"
     path.write_text(text)
     with pytest.raises(InventoryError, match=f"GPU inventory {path}"):
-        read(str(path))
+        read_inventory(str(path))
 
 
 def _entry(cid: str, pid: int, start: int | None, memory: int = GIB, devices=("GPU-a",)) -> Entry:

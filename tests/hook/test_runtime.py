@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.gpu_inventory import Gpu, write
+from runtime_hook.contract import Gpu, Limits, parse_limits, write_inventory
 from runtime_hook.hook_errors import HookError
 from runtime_hook.inject import Sources, install
-from runtime_hook.limits_file import Limits, parse
 from tests.hook.bundles import (
     HookSetup,
     Runtime,
@@ -69,7 +68,7 @@ def _assert_limits_inside(stdout: str, hook: HookSetup, image_preload: str = "")
     """Check the probe's output; return what it printed after the three files."""
     preload, limits, digest, rest = stdout.split("---\n")
     assert preload == f"{LIBRARY}\n{image_preload}"
-    assert parse(limits) == Limits(
+    assert parse_limits(limits) == Limits(
         memory=2 * GIB, cores=30, devices=("GPU-1111",), account="/run/vcuda/account"
     )
     assert digest.split()[0] == hashlib.sha256(hook.library.read_bytes()).hexdigest()
@@ -384,7 +383,7 @@ def _wait_stopped(runtime: Runtime, cid: str) -> None:
 
 
 def _gpu_bundles(bundle: BuildBundle, hook: HookSetup, tmp_path: Path) -> tuple[Path, Path]:
-    write(str(hook.inventory), [Gpu(uuid="GPU-1111", index=0, memory=16 * GIB)])
+    write_inventory(str(hook.inventory), [Gpu(uuid="GPU-1111", index=0, memory=16 * GIB)])
     first = bundle(
         ["sleep", "600"],
         annotations=limits_annotation(main=(50, 10 * GIB)),

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook import gpu_inventory
-from runtime_hook.gpu_inventory import Gpu
+from runtime_hook import contract
+from runtime_hook.contract import Gpu
 from runtime_hook.node.advertise import resources, status_patch
 from runtime_hook.node.agent import Advertiser, Settings, run
 from runtime_hook.node.logs import setup
@@ -161,7 +161,7 @@ def test_the_inventory_is_written_for_the_hook_and_only_rewritten_when_gpus_chan
     advertiser.once()
     path = tmp_path / "host" / "run" / "vcuda" / "gpus.json"
     assert advertiser.inventory == str(path)
-    assert gpu_inventory.read(str(path)) == {"GPU-a": Gpu("GPU-a", 0, 80 * GIB),
+    assert contract.read_inventory(str(path)) == {"GPU-a": Gpu("GPU-a", 0, 80 * GIB),
                                              "GPU-b": Gpu("GPU-b", 1, 40 * GIB)}
     inode = path.stat().st_ino
     advertiser.once()
@@ -169,7 +169,7 @@ def test_the_inventory_is_written_for_the_hook_and_only_rewritten_when_gpus_chan
     devices[1].memory_total = 48 * GIB
     advertiser.once()
     assert path.stat().st_ino != inode
-    assert gpu_inventory.read(str(path))["GPU-b"].memory == 48 * GIB  # type: ignore[index]
+    assert contract.read_inventory(str(path))["GPU-b"].memory == 48 * GIB  # type: ignore[index]
 
 
 def test_a_damaged_inventory_is_replaced(api: FakeNodesApi, kubeconfig: str,
@@ -178,7 +178,7 @@ def test_a_damaged_inventory_is_replaced(api: FakeNodesApi, kubeconfig: str,
     os.makedirs(os.path.dirname(advertiser.inventory))
     Path(advertiser.inventory).write_text("{half a file")
     advertiser.once()
-    assert set(gpu_inventory.read(advertiser.inventory) or {}) == {"GPU-a", "GPU-b"}
+    assert set(contract.read_inventory(advertiser.inventory) or {}) == {"GPU-a", "GPU-b"}
 
 
 def _skipped(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:

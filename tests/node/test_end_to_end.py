@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.limits_file import Limits, render
+from runtime_hook.contract import Limits, render_limits
 from runtime_hook.node.agent import Advertiser, Settings
 from runtime_hook.node.logs import Problems
 from runtime_hook.node.nvml import Nvml
@@ -106,7 +106,7 @@ def test_a_container_started_with_the_installed_hook_shows_its_shims_memory_and_
     [record] = (state / "containers").iterdir()
     # The shim in the container sees /run/vcuda/account; from the host, that is the record's.
     limits = tmp_path / "limits"
-    limits.write_text(render(Limits(memory=2 * GIB, cores=30, devices=(fake_uuid(0),),
+    limits.write_text(render_limits(Limits(memory=2 * GIB, cores=30, devices=(fake_uuid(0),),
                                     account=str(record / "account" / "account"))))
     probe = _exec_in(pid, gpu, limits, "init", "ctx", "0", "alloc", "1G", "wait")
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.limits_file import Limits
+from runtime_hook.contract import Limits
 from runtime_hook.node.logs import Problems, setup
 from runtime_hook.node.nvml import Nvml
 from runtime_hook.node.observe import Observer

@@ -13,7 +13,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime_hook import ledger
-from runtime_hook.limits_file import Limits, render
+from runtime_hook.contract import Limits, render_limits
 from runtime_hook.node.metrics import NodeCollector, serve
 from runtime_hook.node.observe import Observer
 from runtime_hook.node_state import StateDir, process_start_time
@@ -91,7 +91,7 @@ def make_vcuda_run_dir(base: Path, pid: int, limits: Limits) -> Path:
     directory = base / f"vcuda-run-{pid}x"
     directory.mkdir(parents=True)
     (directory / "owner").write_text(f"{pid} {process_start_time(pid)}\n")
-    (directory / "limits").write_text(render(limits))
+    (directory / "limits").write_text(render_limits(limits))
     return directory
 
 

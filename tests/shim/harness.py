@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime_hook.limits_file import Limits, render
+from runtime_hook.contract import Limits, render_limits
 
 REPO = Path(__file__).resolve().parents[2]
 CSHIM = REPO / "cshim"
@@ -58,7 +58,7 @@ class FakeGpu:
         """Write a limits file (as the hook and vcuda-run do) and point the shim at it."""
         path = self.root / "limits"
         limits = Limits(memory=memory, cores=cores, devices=devices, account=str(self.account))
-        path.write_text(render(limits))
+        path.write_text(render_limits(limits))
         self.env["VCUDA_LIMITS_FILE"] = str(path)
         return path
 

@@ -1,4 +1,4 @@
-"""The shim's C parser reads what runtime_hook/limits_file.py renders, and refuses the same."""
+"""The shim's C parser reads what runtime_hook/contract.py renders, and refuses the same."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.limits_file import Limits, LimitsFormatError, parse, render
+from runtime_hook.contract import Limits, LimitsFormatError, parse_limits, render_limits
 from tests.shim.harness import TESTS
 
 
@@ -37,7 +37,7 @@ def c_parse(tmp_path: Path, text: str) -> dict[str, list[str]]:
 def test_what_python_renders_the_shim_reads_back_the_same(
     shim_build: None, tmp_path: Path, limits: Limits
 ) -> None:
-    parsed = c_parse(tmp_path, render(limits))
+    parsed = c_parse(tmp_path, render_limits(limits))
     assert "error" not in parsed, parsed
     assert parsed["memory"] == [str(limits.memory)]
     assert parsed["cores"] == [str(limits.cores)]
@@ -67,7 +67,7 @@ def test_the_shim_refuses_what_the_python_parser_refuses_with_the_same_message(
     shim_build: None, tmp_path: Path, text: str
 ) -> None:
     with pytest.raises(LimitsFormatError) as python:
-        parse(text)
+        parse_limits(text)
     assert c_parse(tmp_path, text) == {"error": [str(python.value)]}
 
 
@@ -75,7 +75,7 @@ def test_comments_blank_lines_and_unknown_keys_are_accepted(
     shim_build: None, tmp_path: Path
 ) -> None:
     text = "# written by hand\n\nversion=1\n   \nmemory=2048\nfuture=1\n"
-    assert parse(text) == Limits(memory=2048)
+    assert parse_limits(text) == Limits(memory=2048)
     assert c_parse(tmp_path, text) == {"memory": ["2048"], "cores": ["100"], "account": [""]}
 
 

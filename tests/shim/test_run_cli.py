@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from runtime_hook import run
+from runtime_hook.node_state import process_start_time
 from tests.shim.harness import GIB, LIBRARY, REPO, FakeGpu, fake_uuid
 
 
@@ -150,7 +151,7 @@ def test_directories_of_ended_commands_are_swept_and_live_ones_kept(
     shim_build: None, tmp_path: Path
 ) -> None:
     ended, live = tmp_path / "vcuda-run-ended", tmp_path / "vcuda-run-live"
-    me = f"{os.getpid()} {run._start_time(os.getpid())}"
+    me = f"{os.getpid()} {process_start_time(os.getpid())}"
     for directory, owner in ((ended, "999999999 1"), (live, me)):
         directory.mkdir()
         (directory / "owner").write_text(owner)

@@ -8,9 +8,10 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from runtime_hook.contract import LIMITS_ANNOTATION
 from tests.webhook.builders import as_pod, container, pod, shared
 from webhook.config import Config
-from webhook.policy import LIMITS_ANNOTATION, Decision, decide
+from webhook.policy import Decision, decide
 
 GIB = 1 << 30
 DEFAULT = Config()

@@ -1,0 +1,308 @@
+"""The contract: every name, number and format that two vcuda components share.
+
+The webhook writes what the hook reads, the node agent writes what the hook
+reads, and the hook and ``vcuda-run`` write what ``libvcuda.so`` reads. Each of
+those names and formats is defined here, once; the webhook, the hook, the node
+agent and the demo import it and define no copy of their own. Standard library
+only and cheap to import: the OCI hook loads it on every limited container
+start, so nothing here imports ``json``, ``re``, ``typing`` or ``collections``
+at module level.
+
+- Resources: ``<domain>/vcuda-core`` (percent of one GPU; 1..99 shares one GPU,
+  100·k is k whole GPUs) and ``<domain>/vcuda-memory`` (units of 256 MiB).
+- The limits annotation ``vcuda.io/limits`` (webhook → hook), on the pod::
+
+      {"<container>": {"cores": 1..99, "memory": <bytes, at least 1>}, ...}
+
+  JSON object, one entry per shared-mode container; nothing else in an entry
+  is read.
+- The limits file (hook, ``vcuda-run`` → ``libvcuda.so``): ``key=value`` lines,
+  see :func:`render_limits`; the C parser in ``cshim/`` reads the same lines.
+- The GPU inventory (node agent → hook), JSON::
+
+      {"version": 1, "gpus": [{"uuid": "GPU-5c3d...", "index": 0, "memory": <bytes>}, ...]}
+
+- ``vcuda-run``'s private directory (``vcuda-run`` → node agent):
+  ``$TMPDIR/vcuda-run-*/`` holding ``owner`` and ``limits``.
+- RFC 6901 escaping of resource and annotation names in JSON Patch paths.
+"""
+
+from __future__ import annotations
+
+import os
+
+from runtime_hook import fast_json
+from runtime_hook.record import Record
+
+
+class ContractError(ValueError):
+    """A value breaks the contract; the message says which value and what is allowed."""
+
+
+# Resources and their units.
+DEFAULT_DOMAINS = ("docker.com", "tencent.com")
+CORE_RESOURCE = "vcuda-core"
+MEMORY_RESOURCE = "vcuda-memory"
+CORES_PER_GPU = 100  # vcuda-core of one whole GPU
+SHARE_MIN, SHARE_MAX = 1, 99  # vcuda-core of a shared GPU
+SHARES = f"{SHARE_MIN}..{SHARE_MAX}"  # the range as messages write it
+MEMORY_UNIT = 256 << 20  # bytes in one vcuda-memory unit
+MEMORY_SCALING_MAX = 100.0  # --memory-scaling of the hook and the node agent is in (0, 100]
+
+_DNS_LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def resource_names(domain: str) -> tuple[str, str]:
+    """The (vcuda-core, vcuda-memory) resource names of ``domain``."""
+    return f"{domain}/{CORE_RESOURCE}", f"{domain}/{MEMORY_RESOURCE}"
+
+
+def is_dns_subdomain(name: str) -> bool:
+    """Whether ``name`` is lower-case DNS labels joined by dots, as a domain or a RuntimeClass."""
+    return bool(name) and all(
+        label and set(label) <= _DNS_LABEL_CHARS and label[0] != "-" and label[-1] != "-"
+        for label in name.split(".")
+    )
+
+
+def check_domains(domains: tuple[str, ...]) -> tuple[str, ...]:
+    """Return ``domains`` when each is a usable resource domain, once; else raise ContractError."""
+    if not domains:
+        raise ContractError("give at least one resource domain")
+    for domain in domains:
+        if not is_dns_subdomain(domain):
+            raise ContractError(f"{domain!r} is not a DNS name like 'docker.com'")
+    if len(set(domains)) != len(domains):
+        raise ContractError("a domain is listed twice")
+    return domains
+
+
+def memory_scaling(text: str) -> float:
+    """Parse a ``--memory-scaling`` value: the share of each GPU's memory given out, (0, 100]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= MEMORY_SCALING_MAX:
+        raise ContractError(f"{text!r} is not a number in (0, {MEMORY_SCALING_MAX:g}], e.g. 1.5")
+    return value
+
+
+def pointer_token(name: str) -> str:
+    """``name`` as one JSON Pointer token (RFC 6901): ``nvidia.com/gpu`` -> ``nvidia.com~1gpu``."""
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+# The limits annotation.
+ANNOTATION_DOMAIN = "vcuda.io"  # every vcuda annotation is under it
+LIMITS_ANNOTATION = f"{ANNOTATION_DOMAIN}/limits"
+
+
+def render_limits_annotation(limits: dict[str, dict[str, int]]) -> str:
+    """The annotation's value for ``{container: {"cores": c, "memory": bytes}}``, keys sorted."""
+    import json  # the webhook and the demo render; the hook only reads
+
+    return json.dumps(limits, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def container_limits(value: str, container: str) -> tuple[int, int] | None:
+    """``container``'s (cores, memory) in the annotation's ``value``; None without an entry.
+
+    Raise ContractError when the value, or the container's entry, breaks the format.
+    """
+    try:
+        table = fast_json.loads(value)
+    except ValueError as exc:
+        raise ContractError(f"annotation {LIMITS_ANNOTATION} is not JSON ({exc})") from None
+    if not isinstance(table, dict):
+        raise ContractError(f"annotation {LIMITS_ANNOTATION} is not a JSON object")
+    entry = table.get(container)
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise ContractError(
+            f"annotation {LIMITS_ANNOTATION}: entry for {container!r} is not an object"
+        )
+    cores = _whole_number(entry, "cores", container, SHARE_MIN, SHARE_MAX)
+    memory = _whole_number(entry, "memory", container, 1, None)
+    return cores, memory
+
+
+def _whole_number(entry: dict, key: str, container: str, low: int, high: int | None) -> int:
+    value = entry.get(key)
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+    if not ok or (high is not None and value > high):
+        span = f"{low}..{high}" if high is not None else f"at least {low}"
+        raise ContractError(
+            f"annotation {LIMITS_ANNOTATION}: {key} of {container!r} is {value!r}, "
+            f"expected a whole number {span}"
+        )
+    return value
+
+
+# The limits file. UTF-8, one ``key=value`` per line, no spaces around ``=``,
+# lines starting with ``#`` ignored, unknown keys ignored by the shim (forward
+# compatible), each key at most once:
+#
+#     version=1
+#     memory=10737418240          bytes allowed on each listed device
+#     cores=30                    percent of each device's time, 1..100
+#     devices=GPU-5c3d...,GPU-... UUIDs the limits apply to (empty: all visible)
+#     account=/run/vcuda/account  shared account file of all processes
+LIMITS_VERSION = 1
+LIMITS_PATH = "/etc/vcuda/limits"  # inside a container; it wins over the environment
+# A limited container's account, shared by its processes: the hook mounts the
+# directory, the shim creates the file, the node agent reads it from the host.
+ACCOUNT_MOUNT = "/run/vcuda"
+ACCOUNT_PATH = f"{ACCOUNT_MOUNT}/account"
+LIMITS_MAX_LINE = 4096
+
+
+class LimitsFormatError(ContractError):
+    """The text is not a valid limits file; the message says which line and why."""
+
+
+# A Record, not a dataclass or a named tuple: importing dataclasses (9 ms) or
+# collections (2 ms) would cost the hook that much on every limited container start.
+class Limits(Record):
+    """What one container (or one `vcuda-run` command) may use on each device.
+
+    ``memory`` in bytes, ``cores`` in percent, ``devices`` GPU UUIDs, ``account`` a path.
+    """
+
+    _fields = ("memory", "cores", "devices", "account")
+    __slots__ = _fields
+    memory: int
+    cores: int
+    devices: tuple[str, ...]
+    account: str
+
+    def __init__(
+        self, memory: int, cores: int = 100, devices: tuple[str, ...] = (), account: str = ""
+    ) -> None:
+        super().__init__(memory, cores, tuple(devices), account)
+        self._check()
+
+    def _check(self) -> None:
+        if self.memory <= 0:
+            raise LimitsFormatError(f"memory must be a positive number of bytes, got {self.memory}")
+        if not 1 <= self.cores <= CORES_PER_GPU:
+            raise LimitsFormatError(f"cores must be 1..{CORES_PER_GPU}, got {self.cores}")
+        for uuid in self.devices:
+            if not uuid or any(c in uuid for c in ",=\n\r\t #"):
+                raise LimitsFormatError(f"device UUID {uuid!r} holds a character not allowed")
+        if any(c in self.account for c in "\n\r\0"):
+            raise LimitsFormatError("account path holds a line break or NUL")
+
+
+def render_limits(limits: Limits) -> str:
+    """Return the limits file's text for ``limits``."""
+    lines = [
+        f"version={LIMITS_VERSION}",
+        f"memory={limits.memory}",
+        f"cores={limits.cores}",
+        f"devices={','.join(limits.devices)}",
+    ]
+    if limits.account:
+        lines.append(f"account={limits.account}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_limits(text: str) -> Limits:
+    """Parse a limits file as the shim does; raise LimitsFormatError on anything it would reject."""
+    values: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        if len(line) > LIMITS_MAX_LINE or "=" not in line:
+            raise LimitsFormatError(f"line {number}: expected key=value")
+        key, value = line.split("=", 1)
+        if key in values:
+            raise LimitsFormatError(f"line {number}: {key} given twice")
+        values[key] = value
+    if values.get("version") != str(LIMITS_VERSION):
+        raise LimitsFormatError(f"version must be {LIMITS_VERSION}")
+    try:
+        memory = int(values["memory"])
+        cores = int(values.get("cores", str(CORES_PER_GPU)))
+    except KeyError as exc:
+        raise LimitsFormatError(f"{exc.args[0]} is missing") from None
+    except ValueError:
+        raise LimitsFormatError("memory and cores must be whole numbers") from None
+    devices = tuple(d for d in values.get("devices", "").split(",") if d)
+    return Limits(memory=memory, cores=cores, devices=devices, account=values.get("account", ""))
+
+
+# The GPU inventory, which the node agent writes (atomically: readers never see
+# half a file) and the hook reads to map indices to UUIDs and to know how much
+# memory each GPU can give out. ``memory`` is the GPU's total in bytes.
+INVENTORY_VERSION = 1
+INVENTORY_NAME = "gpus.json"  # in the hook's state directory
+
+
+class InventoryError(ContractError):
+    """The inventory file exists but cannot be used; the message says why."""
+
+
+class Gpu(Record):
+    """One GPU of the node: its UUID, its index, its total memory in bytes."""
+
+    _fields = ("uuid", "index", "memory")
+    __slots__ = _fields
+    uuid: str
+    index: int
+    memory: int
+
+
+def write_inventory(path: str, gpus: list[Gpu]) -> None:
+    """Replace the inventory at ``path`` with ``gpus``, atomically."""
+    import json  # only the node agent writes: the hook, which only reads, need not load it
+
+    body = {
+        "version": INVENTORY_VERSION,
+        "gpus": [{"uuid": g.uuid, "index": g.index, "memory": g.memory} for g in gpus],
+    }
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(body, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def read_inventory(path: str) -> dict[str, Gpu] | None:
+    """Return the GPUs by UUID, or None when the file does not exist."""
+    try:
+        with open(path, "rb") as src:
+            text = src.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InventoryError(f"GPU inventory {path} cannot be read: {exc.strerror}") from None
+    try:
+        body = fast_json.loads(text)
+        if body["version"] != INVENTORY_VERSION:
+            raise InventoryError(f"GPU inventory {path} has version {body['version']!r}")
+        gpus = [_gpu(entry) for entry in body["gpus"]]
+    except InventoryError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InventoryError(f"GPU inventory {path} is malformed ({exc!r})") from None
+    return {g.uuid: g for g in gpus}
+
+
+def _gpu(entry: dict) -> Gpu:
+    uuid, index, memory = entry["uuid"], entry["index"], entry["memory"]
+    if not isinstance(uuid, str) or not uuid:
+        raise ValueError(f"uuid {uuid!r}")
+    for name, value in (("index", index), ("memory", memory)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} {value!r} of {uuid}")
+    return Gpu(uuid=uuid, index=index, memory=memory)
+
+
+# vcuda-run's private directory, one a command, under its $TMPDIR: the node
+# agent finds running commands and their limits by these names.
+RUN_DIR_PREFIX = "vcuda-run-"
+RUN_OWNER_FILE = "owner"
+RUN_LIMITS_FILE = "limits"

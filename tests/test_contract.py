@@ -1,0 +1,132 @@
+"""The contract between components: names, the limits annotation, the limits file, domains."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from runtime_hook import oci_hook
+from runtime_hook.contract import (
+    ANNOTATION_DOMAIN,
+    LIMITS_ANNOTATION,
+    ContractError,
+    Limits,
+    LimitsFormatError,
+    check_domains,
+    container_limits,
+    is_dns_subdomain,
+    memory_scaling,
+    parse_limits,
+    render_limits,
+    render_limits_annotation,
+)
+
+GIB = 1 << 30
+
+
+def test_the_annotation_the_webhook_renders_is_what_the_hook_reads() -> None:
+    table = {"b": {"cores": 99, "memory": 1}, "a": {"cores": 30, "memory": 10 * GIB}}
+    value = render_limits_annotation(table)
+    assert value == '{"a":{"cores":30,"memory":10737418240},"b":{"cores":99,"memory":1}}'
+    assert container_limits(value, "a") == (30, 10 * GIB)
+    assert container_limits(value, "b") == (99, 1)
+    assert container_limits(value, "c") is None
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("{", "is not JSON"),
+        ("[]", "is not a JSON object"),
+        ('{"a": 30}', "entry for 'a' is not an object"),
+        ('{"a": {"cores": 100, "memory": 1}}',
+         "cores of 'a' is 100, expected a whole number 1..99"),
+        ('{"a": {"cores": 0, "memory": 1}}',
+         "cores of 'a' is 0, expected a whole number 1..99"),
+        ('{"a": {"cores": true, "memory": 1}}', "cores of 'a' is True"),
+        ('{"a": {"cores": 30}}', "memory of 'a' is None, expected a whole number at least 1"),
+        ('{"a": {"cores": 30, "memory": 1.5}}', "memory of 'a' is 1.5"),
+    ],
+)
+def test_a_broken_annotation_entry_is_refused_with_what_is_wrong(value: str, message: str) -> None:
+    wanted = f"annotation {re.escape(LIMITS_ANNOTATION)}.*{re.escape(message)}"
+    with pytest.raises(ContractError, match=wanted):
+        container_limits(value, "a")
+
+
+def test_the_hooks_shortcut_looks_for_the_annotation_domain() -> None:
+    # oci_hook tests the raw state for this before it imports anything, the contract included.
+    assert oci_hook.surely_unlimited(b'{"annotations":{"other.io/x":"1"}}')
+    mentioned = f'{{"annotations":{{"{ANNOTATION_DOMAIN}/x":"1"}}}}'
+    assert not oci_hook.surely_unlimited(mentioned.encode())
+
+
+@pytest.mark.parametrize("name", ["docker.com", "tencent.com", "a", "a-b.c0", "vcuda"])
+def test_dns_names_are_accepted(name: str) -> None:
+    assert is_dns_subdomain(name)
+
+
+@pytest.mark.parametrize(
+    "name", ["", "Docker.com", "docker_com", "-a.com", "a-.com", "a..com", ".a"]
+)
+def test_names_that_are_not_dns_names_are_refused(name: str) -> None:
+    assert not is_dns_subdomain(name)
+
+
+@pytest.mark.parametrize(
+    ("domains", "message"),
+    [
+        ((), "give at least one resource domain"),
+        (("docker.com", "Docker_Com"), "'Docker_Com' is not a DNS name like 'docker.com'"),
+        (("docker.com", "docker.com"), "a domain is listed twice"),
+    ],
+)
+def test_bad_domains_are_refused_with_a_message(domains: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ContractError, match=message):
+        check_domains(domains)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("1", 1.0), ("1.5", 1.5), ("100", 100.0), ("0.25", 0.25)]
+)
+def test_memory_scaling_takes_a_number_in_0_to_100(text: str, value: float) -> None:
+    assert memory_scaling(text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "100.5", "lots", "", "nan"])
+def test_memory_scaling_outside_0_to_100_is_refused(text: str) -> None:
+    with pytest.raises(ContractError, match=f"{text!r} is not a number in \\(0, 100\\], e.g. 1.5"):
+        memory_scaling(text)
+
+
+def test_render_then_parse_gives_back_the_same_limits() -> None:
+    limits = Limits(memory=10 << 30, cores=30, devices=("GPU-a", "GPU-b"), account="/run/a")
+    assert parse_limits(render_limits(limits)) == limits
+
+
+def test_render_lists_every_key_once_in_key_value_lines() -> None:
+    text = render_limits(Limits(memory=1024, cores=5))
+    assert text == "version=1\nmemory=1024\ncores=5\ndevices=\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("memory=1\n", "version must be 1"),
+        ("version=1\n", "memory is missing"),
+        ("version=1\nmemory=lots\n", "whole numbers"),
+        ("version=1\nmemory=1\nmemory=2\n", "given twice"),
+        ("version=1\nmemory=0\n", "positive"),
+        ("version=1\nmemory=1\ncores=150\n", "1..100"),
+        ("version=1\nnonsense\n", "key=value"),
+    ],
+)
+def test_parse_rejects_bad_files_with_a_message(text: str, message: str) -> None:
+    with pytest.raises(LimitsFormatError, match=message):
+        parse_limits(text)
+
+
+def test_device_uuid_with_a_separator_is_refused() -> None:
+    with pytest.raises(LimitsFormatError, match="not allowed"):
+        Limits(memory=1, devices=("GPU-a,GPU-b",))
