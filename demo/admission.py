@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import jsonpatch
 
 from demo.commands import REPO, vcuda_command
-from webhook.server import write_self_signed
+from webhook.pki import write_self_signed
 
 HOST = "127.0.0.1"
 _READY_WITHIN = 30.0  # seconds; the server imports aiohttp and friends first

@@ -1,21 +1,17 @@
-"""The hook's command line: its flags, the stage to run, and the one-line error a runtime shows.
+"""The hook's command line: its flags, their defaults, and ``--help``.
 
-:mod:`runtime_hook.oci_hook` has let containers that surely have no limits go
-already; what comes here may have some. This module keeps to ``os``, ``sys``,
-``fcntl`` and ``time``, which is all poststop needs; only prestart loads the
-rest. For the same reason the flags are read by hand: argparse, with the
-``re`` it imports, would cost more than all of poststop.
+The settings of the hook, read by its stages and by the node agent (which
+writes the hook's command line into the runtime's configuration). The flags
+are read by hand: argparse, with the ``re`` it imports, would cost more than
+all of poststop.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 from runtime_hook.contract import INVENTORY_NAME, memory_scaling
-from runtime_hook.hook_errors import HookError
-from runtime_hook.hook_log import LEVELS, HookLog
-from runtime_hook.node_state import StateDir
+from runtime_hook.hook_log import LEVELS
 
 DEFAULT_STATE_DIR = "/run/vcuda"
 DEFAULT_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
@@ -134,48 +130,3 @@ def parse_args(argv: list[str]) -> Flags:
     if len(stages) != 1 or stages[0] not in STAGES:
         raise UsageError(f"expected one stage, prestart or poststop, got {stages}")
     return Flags(stages[0], values)
-
-
-def main(args: list[str], state: bytes) -> int:
-    """Run the hook with the arguments ``args`` on the OCI ``state``; return its exit status."""
-    if any(arg in ("-h", "--help") for arg in args):
-        sys.stdout.write(help_text())
-        return 0
-    try:
-        flags = parse_args(args)
-    except UsageError as exc:
-        sys.stderr.write(f"{USAGE}\nvcuda-hook: error: {exc}\n")
-        return 2
-    log = HookLog(flags.log_file, flags.log_level, flags.stage)
-    try:
-        if flags.stage == "poststop":
-            _poststop(flags, log)
-        else:
-            from runtime_hook import prestart  # the heavy part: poststop never loads it
-
-            prestart.run(state, flags, log)
-    except Exception as exc:  # every failure ends as one line a user can act on
-        error = (
-            exc
-            if isinstance(exc, HookError)
-            else HookError(
-                f"unexpected {type(exc).__name__}: {exc}",
-                "see the hook's log on the node, and report it to vcuda",
-            )
-        )
-        line = error.line()
-        log.error(line)
-        sys.stderr.write(line + "\n")
-        return 1
-    return 0
-
-
-def _poststop(flags: Flags, log: HookLog) -> None:
-    """Release what containers that are gone (this one among them) had committed."""
-    state = StateDir(flags.state_dir)
-    if not os.path.isdir(state.containers):
-        return  # no limited container ever started here
-    with state.locked(LOCK_TIMEOUT):
-        released = state.release_gone()
-    if released:
-        log.info(f"released {', '.join(released)}")

@@ -51,9 +51,9 @@ def main() -> int:
         import os
 
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-    from runtime_hook import hook_cli
+    from runtime_hook import hook_main
 
-    return hook_cli.main(args, state)
+    return hook_main.main(args, state)
 
 
 if __name__ == "__main__":

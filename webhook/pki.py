@@ -11,6 +11,7 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -137,3 +138,16 @@ def _key_usage(cert_sign: bool) -> x509.KeyUsage:
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def write_self_signed(directory: Path) -> tuple[Path, Path, Path]:
+    """Write a throwaway CA and a localhost serving certificate; return (ca, cert, key) files."""
+    now = datetime.now(timezone.utc)
+    ca = make_ca("vcuda-webhook throwaway CA")
+    serving = issue_serving_cert(ca, ["localhost"], now - timedelta(minutes=5),
+                                 now + timedelta(days=7), ip_addresses=["127.0.0.1", "::1"])
+    files = directory / "ca.crt", directory / "tls.crt", directory / "tls.key"
+    for path, data in zip(files, (ca.certificate_pem, serving.certificate_pem, serving.key_pem)):
+        path.touch(mode=0o600)
+        path.write_bytes(data)
+    return files

@@ -9,7 +9,6 @@ import signal
 import sys
 import tempfile
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -20,7 +19,7 @@ from webhook.admission import Answer, admit, refuse
 from webhook.config import Config, ConfigError, load_config
 from webhook.logs import make_logger
 from webhook.metrics import CONTENT_TYPE, Metrics
-from webhook.pki import issue_serving_cert, make_ca
+from webhook.pki import write_self_signed
 from webhook.review import MAX_BODY, body_too_large
 from webhook.tls import CertificateError, CertificateReloader
 
@@ -133,19 +132,6 @@ class WebhookServer:
                 await self._watcher
         if self._runner is not None:
             await self._runner.cleanup()
-
-
-def write_self_signed(directory: Path) -> tuple[Path, Path, Path]:
-    """Write a throwaway CA and a localhost serving certificate; return (ca, cert, key) files."""
-    now = datetime.now(timezone.utc)
-    ca = make_ca("vcuda-webhook throwaway CA")
-    serving = issue_serving_cert(ca, ["localhost"], now - timedelta(minutes=5),
-                                 now + timedelta(days=7), ip_addresses=["127.0.0.1", "::1"])
-    files = directory / "ca.crt", directory / "tls.crt", directory / "tls.key"
-    for path, data in zip(files, (ca.certificate_pem, serving.certificate_pem, serving.key_pem)):
-        path.touch(mode=0o600)
-        path.write_bytes(data)
-    return files
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -7,9 +7,7 @@
 - ``observe`` and ``metrics``: per-container and per-GPU figures for
   Prometheus, from ``workloads`` (the hook's ledger, vcuda-run commands), the
   shim's ``account`` files and ``processes`` (container pids to host pids);
-- ``cli``: the command line (:func:`main`); ``logs``: JSON lines.
+- ``cli``: the command line (``main``, the ``vcuda-node`` command); ``logs``: JSON lines.
+
+Nothing is imported here, so a module of the agent loads only what it uses.
 """
-
-from runtime_hook.node.cli import main
-
-__all__ = ["main"]
