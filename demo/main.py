@@ -215,7 +215,7 @@ class Demo:
         seen, why_not = self.runc.run(bundle, f"{sample.name}-{name}")
         if seen is None:
             raise StepFailed(f"the container did not start: {why_not}")
-        details = [f"NVIDIA_VISIBLE_DEVICES={','.join(devices)}  (what the device plugin sets)",
+        details = [f"device plugin's volume mounts: {','.join(devices) or 'none'}",
                    *seen_lines(seen)]
         limited = pod["spec"].get("runtimeClassName") == RUNTIME_CLASS
         if not limited:

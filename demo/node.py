@@ -30,6 +30,7 @@ from runtime_hook.contract import (
     parse_limits,
     write_inventory,
 )
+from runtime_hook.device_assignment import device_plugin_spec
 
 BASE_SPEC = REPO / "manifests" / "node" / "base-runtime-spec.json"
 BUILT_LIBRARY = REPO / "cshim" / "build" / "libvcuda.so"
@@ -116,11 +117,10 @@ def container_config(pod: dict[str, Any], container: dict[str, Any], node: Node,
         del config["hooks"]
     config["annotations"] = annotations
     config["hostname"] = metadata["name"]
-    config["process"].update(
-        terminal=False,
-        args=["/bin/sh", "-c", _PROBE],
-        env=["PATH=/bin", f"NVIDIA_VISIBLE_DEVICES={','.join(devices) or 'void'}"],
-    )
+    plugin_env, plugin_mounts = device_plugin_spec(devices)
+    config["process"].update(terminal=False, args=["/bin/sh", "-c", _PROBE],
+                             env=["PATH=/bin", *plugin_env])
+    config["mounts"] = [*config["mounts"], *plugin_mounts]
     return config
 
 

@@ -1,15 +1,16 @@
-"""Applying a container's limits: commit its GPU memory in the ledger, then install the shim."""
+"""Applying a container's limits: commit its GPU memory and time in the ledger, install the shim."""
 
 from __future__ import annotations
 
 import os
 
-from runtime_hook import inject, ledger, syscalls
+from runtime_hook import device_assignment, inject, ledger, syscalls
 from runtime_hook.contract import ACCOUNT_PATH, Limits, read_inventory, render_limits
+from runtime_hook.device_assignment import Devices
 from runtime_hook.hook_cli import LOCK_TIMEOUT, Flags
 from runtime_hook.hook_errors import HookError
 from runtime_hook.hook_log import HookLog
-from runtime_hook.limits_decision import Devices, Request, overcommit, pod_of, visible_devices
+from runtime_hook.limits_decision import Request, overcommit, pod_of
 from runtime_hook.node_state import (
     ACCOUNT_DIR,
     LIMITS_FILE,
@@ -20,7 +21,8 @@ from runtime_hook.node_state import (
 from runtime_hook.oci_spec import Container
 
 _FIX_OVERCOMMIT = (
-    "lower the container's vcuda-memory, or start it once other containers on that GPU stop"
+    "lower the container's vcuda-memory or vcuda-core, or start it once other containers "
+    "on that GPU stop"
 )
 
 
@@ -29,7 +31,7 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
     inventory = read_inventory(flags.inventory)
     if inventory is None:
         log.warning(f"no GPU inventory at {flags.inventory}: GPU memory is not checked")
-    devices = visible_devices(container.env, container.mount_targets, inventory)
+    devices = device_assignment.assigned(container, inventory)
     for note in devices.notes:
         log.warning(note)
     limits = Limits(
@@ -53,9 +55,9 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
         if gone:
             log.info(f"released containers that are gone: {', '.join(gone)}")
         if inventory is not None:
-            committed = ledger.committed_memory(ledger.entries(state))
+            committed = ledger.committed(ledger.entries(state))
             reason = overcommit(
-                request.memory, devices.for_ledger, committed, inventory, flags.memory_scaling
+                request, devices.for_ledger, committed, inventory, flags.memory_scaling
             )
             if reason:
                 raise HookError(reason, _FIX_OVERCOMMIT)

@@ -22,12 +22,12 @@ USAGE = "usage: vcuda-hook {prestart,poststop} [--OPTION VALUE ...]  (--help exp
 _ABOUT = """\
 OCI hook of vcuda, run by the container runtime (runc, crun) with the OCI
 state on stdin. prestart: for a container that has an entry in the pod
-annotation vcuda.io/limits, commit its GPU memory on this node (refused when
-the GPU is full) and make libvcuda.so, a read-only /etc/vcuda/limits and
-/etc/ld.so.preload present inside it. poststop: release what containers that
-are gone had committed. Containers without limits are left untouched. On
-failure it prints one line on stderr and exits 1, and the container does not
-start.
+annotation vcuda.io/limits, commit its GPU memory and time on the GPUs the
+device plugin gave it (refused when a GPU is full) and make libvcuda.so, a
+read-only /etc/vcuda/limits and /etc/ld.so.preload present inside it.
+poststop: release what containers that are gone had committed. Containers
+without limits are left untouched. On failure it prints one line on stderr
+and exits 1, and the container does not start.
 """
 
 

@@ -1,4 +1,4 @@
-"""The node ledger: the GPU memory each running limited container has committed on this node.
+"""The node ledger: the GPU memory and time each running limited container committed on this node.
 
 Each record is a directory of :class:`~runtime_hook.node_state.StateDir`,
 built under a temporary name and renamed, so it appears whole or not at all.
@@ -96,10 +96,11 @@ def entries(state: StateDir) -> list[Entry]:
     return found
 
 
-def committed_memory(records: list[Entry]) -> dict[str, int]:
-    """Sum the memory committed on each GPU UUID."""
-    total: dict[str, int] = {}
+def committed(records: list[Entry]) -> dict[str, tuple[int, int]]:
+    """Sum the (memory, cores) committed on each GPU UUID."""
+    total: dict[str, tuple[int, int]] = {}
     for entry in records:
         for uuid in entry.devices:
-            total[uuid] = total.get(uuid, 0) + entry.memory
+            memory, cores = total.get(uuid, (0, 0))
+            total[uuid] = (memory + entry.memory, cores + entry.cores)
     return total

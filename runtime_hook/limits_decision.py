@@ -1,7 +1,7 @@
-"""Pure decisions of the hook: whose limits apply, on which GPUs, and whether they fit.
+"""Pure decisions of the hook: whose limits apply, and whether they fit on their GPUs.
 
-No I/O here: the stages feed in annotations, the environment and the node's
-records, and act on what comes back.
+No I/O here: the stages feed in annotations and the node's records, and act
+on what comes back. Which GPUs a container has is :mod:`runtime_hook.device_assignment`'s.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ SANDBOX_MARKERS = (
     ("io.kubernetes.cri.container-type", "sandbox"),
     ("io.kubernetes.cri-o.ContainerType", "sandbox"),
 )
-# Where NVIDIA's device plugin puts device IDs in its volume-mounts strategy.
-DEVICE_LIST_DIR = "/var/run/nvidia-container-devices"
 
 _FIX_ANNOTATION = "let the vcuda webhook write vcuda.io/limits (never edit it by hand)"
 _GIB = 1 << 30
@@ -32,18 +30,6 @@ class Request(Record):
 
     _fields = ("container", "cores", "memory")
     __slots__ = _fields
-
-
-class Devices(Record):
-    """The GPUs a container sees, as tuples of UUIDs.
-
-    ``for_limits`` goes into the limits file (empty: every GPU it sees);
-    ``for_ledger`` is what its memory is committed on; ``notes`` are warnings to log.
-    """
-
-    _fields = ("for_limits", "for_ledger", "notes")
-    __slots__ = _fields
-    _defaults = ((),)
 
 
 def container_name(annotations: Mapping[str, str]) -> str:
@@ -89,87 +75,35 @@ def requested_limits(annotations: Mapping[str, str]) -> Request | None:
     return Request(container=name, cores=cores, memory=memory)
 
 
-def visible_devices(
-    env: Iterable[str], mount_targets: Iterable[str], inventory: Mapping[str, Gpu] | None
-) -> Devices:
-    """Read the GPUs of ``NVIDIA_VISIBLE_DEVICES`` (the last one wins, as NVIDIA's hook reads it).
-
-    The value may hold UUIDs, indices, ``all``, ``none``/``void``, or the
-    volume-mounts directory, whose IDs are then the names of the spec's mounts in it.
-    """
-    value = None
-    for item in env:
-        key, _, val = item.partition("=")
-        if key == "NVIDIA_VISIBLE_DEVICES":
-            value = val.strip()
-    if value in (None, "", "none", "void"):
-        return Devices((), (), ("NVIDIA_VISIBLE_DEVICES names no GPU: no memory is committed",))
-    if value == "all":
-        every = tuple(sorted(inventory)) if inventory else ()
-        return Devices((), every)
-    if value.rstrip("/") == DEVICE_LIST_DIR:
-        prefix = DEVICE_LIST_DIR + "/"
-        ids = [t[len(prefix) :] for t in mount_targets if t.startswith(prefix)]
-    else:
-        ids = [part.strip() for part in value.split(",") if part.strip()]
-    uuids: list[str] = []
-    notes: list[str] = []
-    by_index = {g.index: g.uuid for g in (inventory or {}).values()}
-    for device in ids:
-        if any(c in device for c in ",=#\n\r\t "):
-            raise HookError(
-                f"NVIDIA_VISIBLE_DEVICES holds {device!r}, with a character no device ID has",
-                "check the device plugin's configuration",
-            )
-        if device.startswith(("GPU-", "MIG-")):
-            uuids.append(device)
-        elif device.isdigit() and inventory is None:
-            notes.append(f"GPU index {device} cannot be mapped to a UUID without the inventory")
-        elif device.isdigit() and int(device) in by_index:
-            uuids.append(by_index[int(device)])
-        elif device.isdigit():
-            raise HookError(
-                f"NVIDIA_VISIBLE_DEVICES names GPU index {device}, which the node's GPU "
-                "inventory does not list",
-                "check that the node agent runs and sees every GPU",
-            )
-        else:
-            raise HookError(
-                f"NVIDIA_VISIBLE_DEVICES holds {device!r}, neither a GPU UUID nor an index",
-                "use NVIDIA's device plugin with deviceIDStrategy uuid or index",
-            )
-    found = tuple(dict.fromkeys(uuids))
-    unlisted = [uuid for uuid in found if inventory is not None and uuid not in inventory]
-    if unlisted:
-        notes.append(f"{', '.join(unlisted)} not in the GPU inventory: memory there is not checked")
-    # With an index left unmapped the file cannot list every GPU: let it mean "all visible".
-    unmapped = inventory is None and any(d.isdigit() for d in ids)
-    return Devices(() if unmapped else found, found, tuple(notes))
 
 
 def overcommit(
-    memory: int,
+    request: Request,
     devices: Iterable[str],
-    committed: Mapping[str, int],
+    committed: Mapping[str, tuple[int, int]],
     inventory: Mapping[str, Gpu],
     scaling: float,
 ) -> str | None:
-    """Return why ``memory`` more on each of ``devices`` does not fit, or None when it fits.
+    """Return why ``request`` more on each of ``devices`` does not fit, or None when it fits.
 
-    ``committed`` is the memory already promised per GPU UUID; a GPU may give
-    out its total memory times ``scaling``. GPUs missing from the inventory are
-    not checked.
+    ``committed`` is the (memory, cores) already promised per GPU UUID; a GPU
+    may give out its total memory times ``scaling`` and 100 percent of its
+    time. Every device must be in ``inventory`` (the caller has made sure).
     """
     for uuid in devices:
-        gpu = inventory.get(uuid)
-        if gpu is None:
-            continue
+        gpu = inventory[uuid]
+        memory, cores = committed.get(uuid, (0, 0))
         capacity = int(gpu.memory * scaling)
-        free = max(capacity - committed.get(uuid, 0), 0)
-        if memory > free:
+        free = max(capacity - memory, 0)
+        if request.memory > free:
             return (
                 f"GPU {uuid} (index {gpu.index}) has {_gib(free)} free of {_gib(capacity)} "
-                f"for shared containers, and this container asks for {_gib(memory)}"
+                f"for shared containers, and this container asks for {_gib(request.memory)}"
+            )
+        if request.cores > 100 - cores:
+            return (
+                f"GPU {uuid} (index {gpu.index}) has {max(100 - cores, 0)}% of its time free "
+                f"for shared containers, and this container asks for {request.cores}%"
             )
     return None
 

@@ -22,10 +22,11 @@ class Container(Record):
     """What the hook needs to know about one container.
 
     ``id``, ``pid`` and ``bundle`` from the state; ``annotations`` (dict);
-    ``rootfs`` (host path), ``env`` and ``mount_targets`` (tuples) from config.json.
+    ``rootfs`` (host path), ``env`` (a tuple) and ``mounts`` (a tuple of
+    ``(destination, source, is_bind)``) from config.json.
     """
 
-    _fields = ("id", "pid", "bundle", "annotations", "rootfs", "env", "mount_targets")
+    _fields = ("id", "pid", "bundle", "annotations", "rootfs", "env", "mounts")
     __slots__ = _fields
     _defaults = ("", (), ())
 
@@ -72,10 +73,10 @@ def load_config(container: Container) -> Container:
         annotations = config.get("annotations")
         annotations = {} if annotations is None else annotations
         env = tuple((config.get("process") or {}).get("env") or ())
-        targets = tuple(m["destination"] for m in config.get("mounts") or ())
+        mounts = tuple(_mount(m) for m in config.get("mounts") or ())
         if not isinstance(root, str) or not root or not isinstance(annotations, dict):
             raise TypeError("root.path or annotations")
-        if not all(isinstance(v, str) for v in (*annotations.values(), *env, *targets)):
+        if not all(isinstance(v, str) for v in (*annotations.values(), *env)):
             raise TypeError("a string was expected")
     except (KeyError, TypeError, AttributeError) as exc:
         raise HookError(f"{path} is not a valid OCI config ({exc!r})", _FIX_RUNTIME) from None
@@ -86,5 +87,15 @@ def load_config(container: Container) -> Container:
         annotations=annotations,
         rootfs=os.path.normpath(os.path.join(container.bundle, root)),
         env=env,
-        mount_targets=targets,
+        mounts=mounts,
     )
+
+
+def _mount(mount: dict) -> tuple[str, str, bool]:
+    """``(destination, source, is_bind)`` of one entry of config.json's ``mounts``."""
+    destination, source = mount["destination"], mount.get("source", "")
+    options = mount.get("options") or ()
+    if not all(isinstance(v, str) for v in (destination, source, mount.get("type", ""), *options)):
+        raise TypeError("a mount's fields must be strings")
+    is_bind = mount.get("type") == "bind" or bool({"bind", "rbind"} & set(options))
+    return destination, source, is_bind

@@ -12,7 +12,7 @@ from runtime_hook.oci_spec import Container, load_config, parse_state
 
 _FIXES = {
     InventoryError: "restart the node agent: it rewrites the inventory",
-    LimitsFormatError: "check NVIDIA_VISIBLE_DEVICES",
+    LimitsFormatError: "check the device IDs the device plugin gives containers",
     StateError: "check the hook's --state-dir on this node",
 }
 

@@ -47,7 +47,9 @@ def test_a_vcuda_pod_gets_the_base_specs_hooks_with_only_the_node_paths_moved(
         "io.kubernetes.cri.sandbox-namespace": "ns",
         "vcuda.io/limits": '{"c":{"cores":30,"memory":1073741824}}',
     }
-    assert "NVIDIA_VISIBLE_DEVICES=GPU-a" in config["process"]["env"]
+    assert "NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices" in config["process"]["env"]
+    assert {"destination": "/var/run/nvidia-container-devices/GPU-a", "type": "bind",
+            "source": "/dev/null", "options": ["rbind", "rprivate", "ro"]} in config["mounts"]
 
 
 def test_a_pod_of_another_runtime_class_runs_without_the_hook_or_pod_annotations(

@@ -315,6 +315,13 @@ def test_device_plugin_config_advertises_shared_replicas_as_the_shared_resource(
     assert "sharing" not in yaml.safe_load(config_map["data"]["exclusive"])
 
 
+def test_device_plugin_names_gpus_by_volume_mounts_the_only_list_the_hook_trusts() -> None:
+    config_map = find("ConfigMap", "vcuda-device-plugin-config")
+    for name in ("exclusive", "vcuda-shared"):
+        plugin = yaml.safe_load(config_map["data"][name])["flags"]["plugin"]
+        assert plugin["deviceListStrategy"] == "volume-mounts", name
+
+
 def test_every_container_uses_the_one_vcuda_image() -> None:
     images = set()
     for obj in all_objects():

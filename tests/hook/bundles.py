@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime_hook.busybox_root import make_busybox_root
+from runtime_hook.device_assignment import device_plugin_spec
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK_SCRIPT = REPO / "runtime_hook" / "oci_hook.py"
@@ -83,14 +84,21 @@ def write_bundle(
     name: str = "main",
     annotations: dict[str, str] | None = None,
     env: tuple[str, ...] = (),
+    gpus: tuple[str, ...] = (),
     hooks: dict | None = None,
     readonly: bool = False,
     uid: int = 0,
 ) -> Path:
-    """Write ``bundle/config.json`` from ``spec``; the root must be at ``bundle/rootfs``."""
+    """Write ``bundle/config.json`` from ``spec``; the root must be at ``bundle/rootfs``.
+
+    ``gpus`` are given as NVIDIA's device plugin gives them (volume mounts and
+    its variable), before the container's own ``env``, as kubelet orders them.
+    """
     config = json.loads(json.dumps(spec))
     config["process"].update(terminal=False, args=args, user={"uid": uid, "gid": uid})
-    config["process"]["env"] = [*config["process"]["env"], *env]
+    plugin_env, plugin_mounts = device_plugin_spec(gpus)
+    config["process"]["env"] = [*config["process"]["env"], *plugin_env, *env]
+    config["mounts"] = [*config["mounts"], *plugin_mounts]
     config["root"] = {"path": "rootfs", "readonly": readonly}
     if annotations is not None:
         config["annotations"] = {"io.kubernetes.cri.container-name": name, **annotations}

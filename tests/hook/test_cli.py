@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime_hook.device_assignment import device_plugin_spec
 from runtime_hook.hook_log import HookLog
 from runtime_hook.ledger import Entry, commit
 from runtime_hook.node_state import StateDir
@@ -35,10 +36,12 @@ def _flags(hook: HookSetup) -> list[str]:
     return hook.args("prestart")[5:]  # the hook's own flags, without python, file and stage
 
 
-def _state(tmp_path: Path, annotations: dict[str, str], env: tuple[str, ...] = ()) -> bytes:
-    """Write a bundle whose config carries ``annotations``; return the OCI state for it."""
+def _state(tmp_path: Path, annotations: dict[str, str]) -> bytes:
+    """Write a bundle whose config carries ``annotations`` and one GPU; return its OCI state."""
     annotations = {"io.kubernetes.cri.container-name": "train", **annotations}
-    config = {"root": {"path": "rootfs"}, "process": {"env": list(env)}, "annotations": annotations}
+    env, mounts = device_plugin_spec(["GPU-a"])
+    config = {"root": {"path": "rootfs"}, "process": {"env": env}, "mounts": mounts,
+              "annotations": annotations}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
     state = {"id": "c1", "pid": os.getpid(), "bundle": str(tmp_path), "annotations": annotations}
     return json.dumps(state).encode()

@@ -1,4 +1,4 @@
-"""The hook's pure decisions: whose limits, which GPUs, whether they fit, what is preloaded."""
+"""The hook's pure decisions: whose limits, whether they fit, what is preloaded."""
 
 from __future__ import annotations
 
@@ -9,13 +9,7 @@ import pytest
 from runtime_hook.contract import Gpu
 from runtime_hook.hook_errors import HookError
 from runtime_hook.inject import merge_preload
-from runtime_hook.limits_decision import (
-    Devices,
-    Request,
-    overcommit,
-    requested_limits,
-    visible_devices,
-)
+from runtime_hook.limits_decision import Request, overcommit, requested_limits
 from runtime_hook.oci_hook import surely_unlimited
 
 GIB = 1 << 30
@@ -86,71 +80,17 @@ def test_limits_without_a_container_name_are_refused() -> None:
         requested_limits({"vcuda.io/limits": json.dumps({"x": {"cores": 1, "memory": 1}})})
 
 
-@pytest.mark.parametrize(
-    ("env", "expected"),
-    [
-        (["NVIDIA_VISIBLE_DEVICES=GPU-a"], Devices(("GPU-a",), ("GPU-a",))),
-        (["NVIDIA_VISIBLE_DEVICES=1,0"], Devices(("GPU-b", "GPU-a"), ("GPU-b", "GPU-a"))),
-        (
-            ["NVIDIA_VISIBLE_DEVICES=GPU-b, GPU-b ,GPU-a"],
-            Devices(("GPU-b", "GPU-a"), ("GPU-b", "GPU-a")),
-        ),
-        (["NVIDIA_VISIBLE_DEVICES=all"], Devices((), ("GPU-a", "GPU-b"))),
-        (["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"], Devices(("GPU-b",), ("GPU-b",))),
-    ],
-    ids=["uuid", "indices", "duplicates and spaces", "all", "last one wins"],
-)
-def test_visible_devices_become_uuids(env: list[str], expected: Devices) -> None:
-    assert visible_devices(["PATH=/bin", *env], [], INVENTORY) == expected
-
-
-@pytest.mark.parametrize("value", [None, "", "void", "none"])
-def test_no_visible_gpu_commits_nothing_and_says_so(value: str | None) -> None:
-    env = [] if value is None else [f"NVIDIA_VISIBLE_DEVICES={value}"]
-    devices = visible_devices(env, [], INVENTORY)
-    assert (devices.for_limits, devices.for_ledger) == ((), ())
-    assert "names no GPU" in devices.notes[0]
-
-
-def test_volume_mounts_strategy_reads_device_ids_from_mount_targets() -> None:
-    env = ["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]
-    targets = ["/proc", "/var/run/nvidia-container-devices/GPU-b"]
-    assert visible_devices(env, targets, INVENTORY) == Devices(("GPU-b",), ("GPU-b",))
-
-
-def test_gpu_missing_from_the_inventory_is_kept_and_reported() -> None:
-    devices = visible_devices(["NVIDIA_VISIBLE_DEVICES=GPU-a,MIG-x"], [], INVENTORY)
-    assert devices.for_limits == devices.for_ledger == ("GPU-a", "MIG-x")
-    assert devices.notes == ("MIG-x not in the GPU inventory: memory there is not checked",)
-
-
-def test_index_without_inventory_leaves_limits_on_all_visible_gpus() -> None:
-    devices = visible_devices(["NVIDIA_VISIBLE_DEVICES=0,GPU-z"], [], None)
-    assert devices.for_limits == ()
-    assert devices.for_ledger == ("GPU-z",)
-    assert "index 0 cannot be mapped" in devices.notes[0]
-
-
-@pytest.mark.parametrize(
-    ("value", "message"),
-    [
-        ("7", "GPU index 7, which the node's GPU inventory does not list"),
-        ("gpu0", "'gpu0', neither a GPU UUID nor an index"),
-        ("GPU-a=b", "'GPU-a=b', with a character no device ID has"),
-        ("GPU-a\nx", "with a character no device ID has"),
-    ],
-)
-def test_unknown_devices_are_refused(value: str, message: str) -> None:
-    with pytest.raises(HookError, match=message):
-        visible_devices([f"NVIDIA_VISIBLE_DEVICES={value}"], [], INVENTORY)
+def _asks(memory: int, cores: int = 10) -> Request:
+    return Request(container="train", cores=cores, memory=memory)
 
 
 def test_memory_fits_up_to_the_last_byte() -> None:
-    assert overcommit(6 * GIB, ["GPU-a"], {"GPU-a": 10 * GIB}, INVENTORY, 1.0) is None
+    assert overcommit(_asks(6 * GIB), ["GPU-a"], {"GPU-a": (10 * GIB, 0)}, INVENTORY, 1.0) is None
 
 
 def test_overcommit_names_the_gpu_what_is_free_and_what_was_asked() -> None:
-    reason = overcommit(6 * GIB + 1, ["GPU-b", "GPU-a"], {"GPU-a": 10 * GIB}, INVENTORY, 1.0)
+    committed = {"GPU-a": (10 * GIB, 0)}
+    reason = overcommit(_asks(6 * GIB + 1), ["GPU-b", "GPU-a"], committed, INVENTORY, 1.0)
     assert reason == (
         "GPU GPU-a (index 0) has 6.00 GiB (6442450944 bytes) free of 16.00 GiB "
         "(17179869184 bytes) for shared containers, and this container asks for "
@@ -159,13 +99,18 @@ def test_overcommit_names_the_gpu_what_is_free_and_what_was_asked() -> None:
 
 
 def test_memory_scaling_raises_what_a_gpu_may_give_out() -> None:
-    committed = {"GPU-a": 16 * GIB}
-    assert overcommit(8 * GIB, ["GPU-a"], committed, INVENTORY, 1.5) is None
-    assert "has 0.00 GiB" in overcommit(8 * GIB, ["GPU-a"], committed, INVENTORY, 1.0)
+    committed = {"GPU-a": (16 * GIB, 0)}
+    assert overcommit(_asks(8 * GIB), ["GPU-a"], committed, INVENTORY, 1.5) is None
+    assert "has 0.00 GiB" in overcommit(_asks(8 * GIB), ["GPU-a"], committed, INVENTORY, 1.0)
 
 
-def test_gpus_missing_from_the_inventory_are_not_checked() -> None:
-    assert overcommit(1 << 50, ["GPU-unknown"], {}, INVENTORY, 1.0) is None
+def test_time_of_a_gpu_is_committed_up_to_100_percent_and_not_scaled() -> None:
+    committed = {"GPU-a": (GIB, 90)}
+    assert overcommit(_asks(GIB, cores=10), ["GPU-a"], committed, INVENTORY, 1.5) is None
+    assert overcommit(_asks(GIB, cores=11), ["GPU-a"], committed, INVENTORY, 1.5) == (
+        "GPU GPU-a (index 0) has 10% of its time free for shared containers, "
+        "and this container asks for 11%"
+    )
 
 
 @pytest.mark.parametrize(

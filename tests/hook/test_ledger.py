@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime_hook.contract import Gpu, InventoryError, read_inventory, write_inventory
-from runtime_hook.ledger import DuplicateError, Entry, commit, committed_memory, entries
+from runtime_hook.ledger import DuplicateError, Entry, commit, committed, entries
 from runtime_hook.node_state import ACCOUNT_DIR, StateDir, StateError, process_start_time
 from tests.hook.bundles import mounts_under
 
@@ -93,7 +93,7 @@ def test_live_containers_stay_and_gone_ones_are_released(state: StateDir) -> Non
         gone = state.release_gone()
     assert gone == ["exited", "pid-reused"]
     assert [e.container_id for e in entries(state)] == ["alive"]
-    assert committed_memory(entries(state)) == {"GPU-a": 3 * GIB}
+    assert committed(entries(state)) == {"GPU-a": (3 * GIB, 30)}
     assert os.listdir(state.containers) == ["alive"]
 
 
@@ -126,12 +126,12 @@ def test_a_container_is_committed_once(state: StateDir) -> None:
     assert os.listdir(state.containers) == ["c1"]  # the second attempt left nothing behind
 
 
-def test_committed_memory_adds_up_per_gpu() -> None:
+def test_committed_memory_and_cores_add_up_per_gpu() -> None:
     records = [
         _entry("a", 1, 1, memory=GIB, devices=("GPU-a", "GPU-b")),
         _entry("b", 1, 1, memory=2 * GIB, devices=("GPU-a",)),
     ]
-    assert committed_memory(records) == {"GPU-a": 3 * GIB, "GPU-b": GIB}
+    assert committed(records) == {"GPU-a": (3 * GIB, 60), "GPU-b": (GIB, 30)}
 
 
 def test_lock_held_elsewhere_times_out_with_a_clear_error(state: StateDir) -> None:

@@ -60,18 +60,26 @@ def _bundle(tmp_path: Path, config: object) -> str:
     return str(tmp_path)
 
 
-def test_config_gives_root_env_annotations_and_mount_targets(tmp_path: Path) -> None:
+def test_config_gives_root_env_annotations_and_mounts(tmp_path: Path) -> None:
     config = {
         "root": {"path": "rootfs"},
         "process": {"env": ["A=1", "NVIDIA_VISIBLE_DEVICES=0"]},
-        "mounts": [{"destination": "/proc"}, {"destination": "/data"}],
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/data", "type": "bind", "source": "/srv"},
+            {"destination": "/dev/x", "source": "/dev/null", "options": ["rbind", "ro"]},
+        ],
         "annotations": {"vcuda.io/limits": "{}"},
     }
     state = parse_state(json.dumps({**CRUN_STATE, "bundle": _bundle(tmp_path, config)}).encode())
     container = load_config(state)
     assert container.rootfs == str(tmp_path / "rootfs")  # relative root against the bundle
     assert container.env == ("A=1", "NVIDIA_VISIBLE_DEVICES=0")
-    assert container.mount_targets == ("/proc", "/data")
+    assert container.mounts == (
+        ("/proc", "proc", False),
+        ("/data", "/srv", True),
+        ("/dev/x", "/dev/null", True),
+    )
     assert container.annotations == {"vcuda.io/limits": "{}"}
 
 
@@ -91,8 +99,21 @@ def test_absolute_root_path_is_kept(tmp_path: Path) -> None:
         ({"root": {"path": "r"}, "process": {"env": [1]}}, "is not a valid OCI config"),
         ({"root": {"path": "r"}, "annotations": {"a": 1}}, "is not a valid OCI config"),
         ({"root": {"path": "r"}, "mounts": [{"source": "x"}]}, "is not a valid OCI config"),
+        (
+            {"root": {"path": "r"}, "mounts": [{"destination": "/x", "options": [1]}]},
+            "is not a valid OCI config",
+        ),
     ],
-    ids=["missing", "not json", "no root", "empty root", "env", "annotation value", "mount"],
+    ids=[
+        "missing",
+        "not json",
+        "no root",
+        "empty root",
+        "env",
+        "annotation value",
+        "mount",
+        "mount option",
+    ],
 )
 def test_malformed_config_is_refused_clearly(tmp_path: Path, config: object, message: str) -> None:
     bundle = str(tmp_path) if config is None else _bundle(tmp_path, config)

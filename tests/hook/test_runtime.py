@@ -53,7 +53,8 @@ def _limited(
     return bundle(
         ["sh", "-c", script],
         annotations=LIMITED,
-        env=("NVIDIA_VISIBLE_DEVICES=GPU-1111", *env),
+        gpus=("GPU-1111",),
+        env=env,
         hooks=hooks or hook.hooks(),
         **options,
     )
@@ -262,13 +263,18 @@ def _bind_read_only(root: Path) -> None:
 def test_root_on_a_read_only_filesystem_needs_the_mountpoints_in_the_image(
     runc: Runtime, bundle: BuildBundle, hook: HookSetup
 ) -> None:
+    def plugin_mountpoint(root: Path) -> None:  # runc makes none on a read-only filesystem
+        (root / "var/run/nvidia-container-devices").mkdir(parents=True)
+        (root / "var/run/nvidia-container-devices/GPU-1111").touch()
+
     def ship_mountpoints(root: Path) -> None:
+        plugin_mountpoint(root)
         for path in ("etc/vcuda/limits", "etc/ld.so.preload", LIBRARY.lstrip("/")):
             (root / path).parent.mkdir(parents=True, exist_ok=True)
             (root / path).touch()
         (root / "run" / "vcuda").mkdir(parents=True)
 
-    bare = _limited(bundle, hook)
+    bare = _limited(bundle, hook, prepare=plugin_mountpoint)
     shipped = _limited(bundle, hook, prepare=ship_mountpoints)
     for path in (bare, shipped):
         _bind_read_only(path / "rootfs")
@@ -387,13 +393,13 @@ def _gpu_bundles(bundle: BuildBundle, hook: HookSetup, tmp_path: Path) -> tuple[
     first = bundle(
         ["sleep", "600"],
         annotations=limits_annotation(main=(50, 10 * GIB)),
-        env=("NVIDIA_VISIBLE_DEVICES=0",),  # an index: mapped through the inventory
+        gpus=("0",),  # an index: mapped through the inventory
         hooks=hook.hooks(),
     )
     second = bundle(
         ["true"],
         annotations=limits_annotation(main=(50, 8 * GIB)),
-        env=("NVIDIA_VISIBLE_DEVICES=GPU-1111",),
+        gpus=("GPU-1111",),
         hooks=hook.hooks(),
     )
     return first, second

@@ -98,7 +98,7 @@ def test_a_container_started_with_the_installed_hook_shows_its_shims_memory_and_
     state = Path(agent.advertiser.inventory).parent
     agent.advertiser.once()  # the inventory the hook checks memory against
     path = bundle(["sleep", "600"], name="worker", annotations={**POD, **limits_annotation(
-        worker=(30, 2 * GIB))}, env=(f"NVIDIA_VISIBLE_DEVICES={fake_uuid(0)}",),
+        worker=(30, 2 * GIB))}, gpus=(fake_uuid(0),),
         hooks=_hooks(installed, state))
     started = runc.run_detached(path, "e2e-worker", tmp_path / "runc.log")
     assert started.returncode == 0, (tmp_path / "runc.log").read_text()
