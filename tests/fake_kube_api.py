@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from webhook import pki
 
@@ -111,13 +112,15 @@ class FakeKubeApi:
             concurrent writer.
     """
 
-    def __init__(self, subject: str, token: str = "test-token") -> None:
+    def __init__(self, subject: str, token: str = "test-token", keep_alive: bool = False) -> None:
         self.subject = subject
+        self.keep_alive = keep_alive  # HTTP/1.1 connections kept open, as the API server does
         self.token = token
         self.objects: dict[str, dict[str, Any]] = {}
         self.requests: list[Request] = []
         self.rules: list[Rule] | None = None
         self.before_write: Callable[[str], None] | None = None
+        self.local = threading.local()  # .query: the query string of this thread's request
         self._revision = 0
         self.lock = threading.RLock()  # held to read, check and write; before_write may bump()
         self.ca = pki.make_ca("fake API server CA")
@@ -139,6 +142,7 @@ class FakeKubeApi:
 
         class Handler(_Handler):
             api = server
+            protocol_version = "HTTP/1.1" if server.keep_alive else "HTTP/1.0"
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
@@ -242,7 +246,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length)
         auth = self.headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
-        path = self.path.split("?")[0]
+        path, _, query = self.path.partition("?")
+        self.api.local.query = parse_qs(query)
         content_type = self.headers.get("Content-Type", "")
         try:
             status, answer = self.api.handle(self.command, path, content_type, body, token)
@@ -258,4 +263,4 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    do_GET = do_POST = do_PUT = do_PATCH = _serve
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve

@@ -26,8 +26,8 @@ _NODE = re.compile(r"/api/v1/nodes/([^/]+)(/status)?")
 class FakeNodesApi(FakeKubeApi):
     """The fake API server serving nodes and their status."""
 
-    def __init__(self) -> None:
-        super().__init__(NODE_AGENT)
+    def __init__(self, keep_alive: bool = False) -> None:
+        super().__init__(NODE_AGENT, keep_alive=keep_alive)
 
     def add_node(self, name: str, capacity: dict[str, str]) -> str:
         """Register a node with ``capacity`` (and the same allocatable); return its path."""

@@ -1,0 +1,168 @@
+"""Bind: choose the pod's GPUs against the node's ledger as stored, write the ledger only if no
+one else wrote the node meanwhile, then bind the pod with its assignment in one write.
+
+Each write is conditional on the resourceVersion it was computed from, so two extenders (or
+two binds of one) never give out the same room; a conflict means "read again and redo", and no
+lock is held between the steps. If the Binding fails, the ledger line is taken back.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from urllib.parse import quote
+
+from extender.kube import Kube, KubeError
+from extender.policy import Demand, DemandError, Unfit, node_gpus, place, pod_demand
+from extender.wire import BindingArgs
+from runtime_hook.placement import (
+    ASSIGNMENT_ANNOTATION,
+    LEDGER_ANNOTATION,
+    Assignment,
+    Entry,
+    PlacementError,
+    decode_ledger,
+    encode_assignment,
+    encode_ledger,
+)
+
+ATTEMPTS = 16  # conflicts in a row before giving up (the scheduler then retries the pod)
+
+
+class BindError(RuntimeError):
+    """The pod cannot be bound; the message is what its events show."""
+
+
+class Binder:
+    """Binds pods for one extender; holds no state beyond its settings."""
+
+    def __init__(self, kube: Kube, core_keys: tuple[str, ...], strategy: str, max_age: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._kube = kube
+        self._core_keys = core_keys
+        self._strategy = strategy
+        self._max_age = max_age
+        self._clock = clock
+
+    async def bind(self, args: BindingArgs) -> Assignment:
+        """Record the pod's GPUs in the node's ledger and bind it; raise BindError if not."""
+        pod_path = f"/api/v1/namespaces/{quote(args.pod_namespace)}/pods/{quote(args.pod_name)}"
+        pod = await self._read(pod_path, f"pod {args.pod_namespace}/{args.pod_name}")
+        metadata = pod.get("metadata") or {}
+        if metadata.get("uid") != args.pod_uid:
+            raise BindError(f"pod {args.pod_namespace}/{args.pod_name} was replaced (uid "
+                            f"{metadata.get('uid')}, not {args.pod_uid}); nothing bound")
+        try:
+            demand = pod_demand(pod, self._core_keys)
+        except DemandError as exc:
+            raise BindError(str(exc)) from None
+        if not demand:  # not a vcuda pod: nothing to record
+            await self._bind(args, metadata.get("resourceVersion"), None, pod_path)
+            return Assignment(None, ())
+        who = f"{args.pod_namespace}/{args.pod_name}"
+        assignment = await self._reserve(args.node, args.pod_uid, who, demand)
+        try:
+            await self._bind(args, metadata.get("resourceVersion"), assignment, pod_path)
+        except BindError:
+            await self._release(args.node, args.pod_uid)
+            raise
+        return assignment
+
+    async def _reserve(self, node: str, uid: str, who: str, demand: Demand) -> Assignment:
+        path = f"/api/v1/nodes/{quote(node)}"
+        for _ in range(ATTEMPTS):
+            stored = await self._read(path, f"node {node}")
+            metadata = stored.get("metadata") or {}
+            annotations = metadata.get("annotations") or {}
+            ledger = self._ledger(annotations, node)
+            if uid in ledger:  # a retried bind whose first try wrote the ledger
+                return ledger[uid].assignment
+            try:
+                view = node_gpus(node, annotations, self._clock(), self._max_age)
+                assignment = place(view, demand, self._strategy).assignment
+            except Unfit as exc:
+                raise BindError(f"node {node}: {exc.reason}") from None
+            ledger[uid] = Entry(who, int(self._clock()), assignment)
+            if await self._write_ledger(path, metadata.get("resourceVersion"), ledger):
+                return assignment
+        raise BindError(f"node {node}: its GPU ledger changed {ATTEMPTS} times while binding; "
+                        "the scheduler will try again")
+
+    async def _release(self, node: str, uid: str) -> None:
+        path = f"/api/v1/nodes/{quote(node)}"
+        for _ in range(ATTEMPTS):
+            try:
+                stored = await self._kube.get(path)
+            except KubeError:
+                return  # the node agent prunes lines of pods that never came
+            metadata = stored.get("metadata") or {}
+            try:
+                ledger = decode_ledger((metadata.get("annotations") or {}).get(LEDGER_ANNOTATION))
+            except PlacementError:
+                return
+            if ledger.pop(uid, None) is None:
+                return
+            try:
+                if await self._write_ledger(path, metadata.get("resourceVersion"), ledger):
+                    return
+            except BindError:
+                return
+
+    async def _write_ledger(self, path: str, version: str | None,
+                            ledger: dict[str, Entry]) -> bool:
+        """Write ``ledger`` if the node is still at ``version``; False on a conflict."""
+        body = {"metadata": {"resourceVersion": version,
+                             "annotations": {LEDGER_ANNOTATION: encode_ledger(ledger)}}}
+        try:
+            await self._kube.merge_patch(path, body)
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise BindError(f"cannot write the GPU ledger of {path.rsplit('/', 1)[-1]}: "
+                            f"{exc.message}") from None
+        return True
+
+    async def _bind(self, args: BindingArgs, version: str | None,
+                    assignment: Assignment | None, pod_path: str) -> None:
+        """Create the Binding, carrying the assignment onto the pod in the same write.
+
+        The API copies a Binding's annotations onto the pod and refuses it (409) if the pod's
+        uid or resourceVersion moved on, or if the pod is bound already.
+        """
+        who = f"pod {args.pod_namespace}/{args.pod_name}"
+        metadata = {"name": args.pod_name, "namespace": args.pod_namespace,
+                    "uid": args.pod_uid, "resourceVersion": version}
+        if assignment is not None:
+            metadata["annotations"] = {ASSIGNMENT_ANNOTATION: encode_assignment(assignment)}
+        for _ in range(3):
+            binding = {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": args.node}}
+            try:
+                await self._kube.post(f"{pod_path}/binding", binding)
+                return
+            except KubeError as exc:
+                if exc.status != 409:
+                    raise BindError(f"binding {who} to {args.node} failed: {exc.message}") \
+                        from None
+            pod = await self._read(pod_path, who)
+            bound_to = (pod.get("spec") or {}).get("nodeName")
+            if bound_to == args.node and (pod.get("metadata") or {}).get("uid") == args.pod_uid:
+                return  # an earlier try of this bind went through
+            if bound_to:
+                raise BindError(f"{who} is bound to {bound_to} already")
+            metadata["resourceVersion"] = (pod.get("metadata") or {}).get("resourceVersion")
+        raise BindError(f"pod {args.pod_namespace}/{args.pod_name} kept changing while it was "
+                        "bound; the scheduler will try again")
+
+    async def _read(self, path: str, what: str) -> dict:
+        try:
+            return await self._kube.get(path)
+        except KubeError as exc:
+            raise BindError(f"cannot read {what}: {exc.message}") from None
+
+    @staticmethod
+    def _ledger(annotations: dict, node: str) -> dict[str, Entry]:
+        try:
+            return decode_ledger(annotations.get(LEDGER_ANNOTATION))
+        except PlacementError as exc:
+            raise BindError(f"node {node}: {exc}") from None

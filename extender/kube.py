@@ -1,0 +1,112 @@
+"""The few Kubernetes API calls the extender makes, asynchronously over one kept-alive session."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import time
+from typing import Any
+
+import aiohttp
+
+MERGE_PATCH = "application/merge-patch+json"
+_TOKEN_REREAD = 60.0  # seconds: projected service account tokens are rotated on disk
+
+
+class KubeError(RuntimeError):
+    """The API answered an error (``status`` 0: it could not be reached)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class Credentials:
+    """Where the API is and how to prove who we are: URL, CA, bearer token or client cert."""
+
+    def __init__(self, url: str, ssl_context: ssl.SSLContext | None, token: str | None = None,
+                 token_file: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.ssl_context = ssl_context
+        self._token = token
+        self._token_file = token_file
+        self._token_read = 0.0
+
+    @classmethod
+    def load(cls, kubeconfig: str | None) -> Credentials:
+        """From ``kubeconfig``, else the pod's service account; raise KubeError if neither works."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        in_cluster = kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST")
+        try:
+            if in_cluster:
+                config.load_incluster_config(client_configuration=configuration)
+            else:
+                config.load_kube_config(config_file=kubeconfig,
+                                        client_configuration=configuration)
+        except (config.ConfigException, OSError) as exc:
+            raise KubeError(0, f"no Kubernetes credentials: {exc}") from None
+        context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+        if configuration.cert_file:
+            context.load_cert_chain(configuration.cert_file, configuration.key_file)
+        token = (configuration.api_key or {}).get("authorization", "").removeprefix("Bearer ")
+        token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token" if in_cluster else None
+        return cls(configuration.host, context, token or None, token_file)
+
+    def header(self) -> dict[str, str]:
+        if self._token_file and time.monotonic() - self._token_read > _TOKEN_REREAD:
+            try:
+                with open(self._token_file, encoding="utf-8") as source:
+                    self._token = source.read().strip()
+                self._token_read = time.monotonic()
+            except OSError:
+                pass  # keep the token read last; the API says 401 if it has expired
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+
+class Kube:
+    """GET, PATCH and POST of JSON objects; errors become KubeError with the API's message."""
+
+    def __init__(self, credentials: Credentials, connections: int = 32) -> None:
+        self._credentials = credentials
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections, ssl=credentials.ssl_context),
+            timeout=aiohttp.ClientTimeout(total=10))
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def get(self, path: str) -> dict[str, Any]:
+        return await self._call("GET", path, None, None)
+
+    async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("PATCH", path, body, MERGE_PATCH)
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("POST", path, body, "application/json")
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None,
+                    content_type: str | None) -> dict[str, Any]:
+        headers = self._credentials.header()
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+            data = json.dumps(body, separators=(",", ":")).encode()
+        try:
+            async with self._session.request(method, self._credentials.url + path,
+                                             data=data, headers=headers) as answer:
+                payload = await answer.read()
+                status = answer.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeError(0, f"cannot reach the API server ({method} {path}): "
+                               f"{exc or type(exc).__name__}") from None
+        try:
+            result = json.loads(payload) if payload else {}
+        except ValueError:
+            result = {}
+        if status >= 300:
+            message = result.get("message") if isinstance(result, dict) else None
+            raise KubeError(status, message or f"HTTP {status} from {method} {path}")
+        return result

@@ -1,0 +1,322 @@
+"""The placement policy: what a pod needs, which GPUs of a node can hold it, how good a node is,
+and the GPUs it gets. Pure: a pod's and nodes' fields in, decisions out.
+
+A pod's *shared* need is one GPU's worth of ``cores`` (percent) and ``memory`` (bytes) for all of
+its shared containers: app containers and sidecars run together (their needs add up), init
+containers run one at a time before them (the largest counts). Its *whole* need is a number of
+GPUs that nothing else uses, counted the same way. A GPU given whole is never shared, and the
+other way round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.placement import (
+    CORES_PER_GPU,
+    INVENTORY_ANNOTATION,
+    LEDGER_ANNOTATION,
+    Assignment,
+    PlacementError,
+    decode_inventory,
+    decode_ledger,
+)
+from webhook.policy import LIMITS_ANNOTATION
+
+STRATEGIES = ("binpack", "spread")
+MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
+_GPU_WEIGHT = 0.7  # in a node's score, the chosen GPU's fill against the whole node's
+_GIB = 1 << 30
+
+
+class DemandError(ValueError):
+    """The pod's vcuda fields cannot be read; the message tells its owner what to fix."""
+
+
+class Demand:
+    """A pod's need: ``cores`` and ``memory`` on one shared GPU (0, 0: none), ``whole`` GPUs."""
+
+    __slots__ = ("cores", "memory", "whole")
+
+    def __init__(self, cores: int, memory: int, whole: int) -> None:
+        self.cores, self.memory, self.whole = cores, memory, whole
+
+    def __bool__(self) -> bool:
+        return bool(self.cores or self.whole)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Demand) and (self.cores, self.memory, self.whole) == (
+            other.cores, other.memory, other.whole)
+
+    def __repr__(self) -> str:
+        return f"Demand(cores={self.cores}, memory={self.memory}, whole={self.whole})"
+
+    def describe(self) -> str:
+        parts = []
+        if self.cores:
+            parts.append(f"{self.cores}% and {_gib(self.memory)} of one GPU")
+        if self.whole:
+            parts.append(f"{self.whole} whole GPU{'s' if self.whole > 1 else ''}")
+        return " and ".join(parts)
+
+
+def pod_demand(pod: Mapping[str, Any], core_keys: Iterable[str]) -> Demand:
+    """Read a pod's need from its ``vcuda.io/limits`` annotation and its containers' limits.
+
+    Args:
+        pod: the Pod as JSON (``metadata`` and ``spec`` are read).
+        core_keys: the ``<domain>/vcuda-core`` resource names the webhook accepts.
+    """
+    spec = pod.get("spec") or {}
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    shares = _shares(annotations.get(LIMITS_ANNOTATION))
+    core_keys = tuple(core_keys)
+    running = [0, 0, 0]  # cores, memory, whole of what runs together
+    largest_init = [0, 0, 0]
+    for list_name in ("initContainers", "containers"):
+        for container in spec.get(list_name) or ():
+            need = _container_need(container, shares, core_keys)
+            sidecar = list_name == "initContainers" and container.get("restartPolicy") == "Always"
+            if list_name == "containers" or sidecar:
+                running = [a + b for a, b in zip(running, need)]
+            else:
+                largest_init = [max(a, b) for a, b in zip(largest_init, need)]
+    cores, memory, whole = (max(a, b) for a, b in zip(running, largest_init))
+    if cores >= CORES_PER_GPU:
+        raise DemandError(f"the pod's shared containers ask for {cores}% of one GPU together, "
+                          "more than a share (1..99); give them fewer cores, or whole GPUs")
+    return Demand(cores, memory, whole)
+
+
+def _shares(raw: str | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    import json
+
+    try:
+        table = json.loads(raw)
+    except ValueError:
+        table = None
+    if not isinstance(table, dict):
+        raise DemandError(f"the pod's {LIMITS_ANNOTATION} annotation is not a JSON object; it "
+                          "is written by the vcuda webhook: recreate the pod through it")
+    return table
+
+
+def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
+                    core_keys: tuple[str, ...]) -> tuple[int, int, int]:
+    name = container.get("name", "")
+    limits = (container.get("resources") or {}).get("limits") or {}
+    cores = next((limits[key] for key in core_keys if key in limits), None)
+    if cores is None:
+        return 0, 0, 0
+    try:
+        cores = int(str(cores))
+    except ValueError:
+        raise DemandError(f'container "{name}": vcuda-core {cores!r} is not a whole number; '
+                          "the vcuda webhook should have denied it: is it installed?") from None
+    if cores >= CORES_PER_GPU and cores % CORES_PER_GPU == 0:
+        return 0, 0, cores // CORES_PER_GPU
+    entry = shares.get(name)
+    if not isinstance(entry, dict) or not _positive(entry.get("cores")) \
+            or not _positive(entry.get("memory")):
+        raise DemandError(f'container "{name}" shares a GPU but has no valid entry in '
+                          f"{LIMITS_ANNOTATION}; that annotation is written by the vcuda "
+                          "webhook: recreate the pod through it")
+    return entry["cores"], entry["memory"], 0
+
+
+class GpuUse:
+    """One GPU of a node and what is given out on it."""
+
+    __slots__ = ("cores", "gpu", "memory", "pods", "whole")
+
+    def __init__(self, gpu: Gpu) -> None:
+        self.gpu = gpu
+        self.cores = 0  # percent given to shared containers
+        self.memory = 0  # bytes given to shared containers
+        self.whole = False  # given whole to one pod
+        self.pods = 0
+
+    @property
+    def free_cores(self) -> int:
+        return 0 if self.whole else CORES_PER_GPU - self.cores
+
+    @property
+    def free_memory(self) -> int:
+        return 0 if self.whole else max(self.gpu.memory - self.memory, 0)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing on it: it may be given whole."""
+        return not self.whole and self.pods == 0
+
+    def fill(self, cores: int = 0, memory: int = 0) -> float:
+        """The larger of its core and memory use, 0..1, after adding ``cores`` and ``memory``."""
+        if self.whole:
+            return 1.0
+        by_memory = (self.memory + memory) / self.gpu.memory if self.gpu.memory else 1.0
+        return max((self.cores + cores) / CORES_PER_GPU, by_memory)
+
+    def describe(self) -> str:
+        if self.whole:
+            return f"GPU {self.gpu.index} is given whole"
+        return (f"GPU {self.gpu.index} has {self.free_cores}% and {_gib(self.free_memory)} "
+                "free")
+
+
+class NodeGpus:
+    """A node's GPUs with what its ledger (and binds not yet seen in it) gives out."""
+
+    __slots__ = ("assigned", "gpus", "name")
+
+    def __init__(self, name: str, gpus: list[GpuUse], assigned: set[str]) -> None:
+        self.name = name
+        self.gpus = gpus
+        self.assigned = assigned  # pod uids counted
+
+    def largest_free_block(self) -> int:
+        """Memory of the GPU with the most free memory for a new share: fragmentation's measure."""
+        return max((g.free_memory for g in self.gpus if g.free_cores > 0), default=0)
+
+
+class Unfit(Exception):
+    """The node cannot hold the pod; ``reason`` is what the pod's events show.
+
+    ``final``: no change of other pods would help (no or stale inventory).
+    """
+
+    def __init__(self, reason: str, final: bool = False) -> None:
+        super().__init__(reason)
+        self.reason, self.final = reason, final
+
+
+def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_age: float,
+              pending: Iterable[tuple[str, Assignment]] = (), ignore: str = "") -> NodeGpus:
+    """Read a node's inventory and ledger; raise Unfit when it cannot take vcuda pods.
+
+    Args:
+        name: the node's name.
+        annotations: its ``metadata.annotations``.
+        now: the time (Unix seconds) to judge the inventory's heartbeat by.
+        max_age: seconds after which an inventory is stale.
+        pending: (pod uid, assignment) of binds written but perhaps not in these annotations.
+        ignore: a pod uid not to count (the pod being placed, if a failed bind left it there).
+    """
+    annotations = annotations or {}
+    raw = annotations.get(INVENTORY_ANNOTATION)
+    if raw is None:
+        raise Unfit("no vcuda GPU inventory: the vcuda node agent does not run on this node",
+                    final=True)
+    try:
+        inventory = decode_inventory(raw)
+        ledger = decode_ledger(annotations.get(LEDGER_ANNOTATION))
+    except PlacementError as exc:
+        raise Unfit(f"{exc}: check the vcuda node agent of this node", final=True) from None
+    age = now - inventory.heartbeat
+    if age > max_age:
+        raise Unfit(f"the vcuda node agent last published this node's GPUs {age:.0f} s ago "
+                    f"(limit {max_age:.0f} s): check its vcuda-node pod", final=True)
+    gpus = {gpu.uuid: GpuUse(gpu) for gpu in inventory.gpus}
+    assigned = {ignore}
+    for uid, entry in ledger.items():
+        if uid == ignore:
+            continue
+        _count(gpus, entry.assignment)
+        assigned.add(uid)
+    for uid, assignment in pending:
+        if uid not in assigned:
+            _count(gpus, assignment)
+            assigned.add(uid)
+    assigned.discard(ignore)
+    return NodeGpus(name, sorted(gpus.values(), key=lambda g: g.gpu.index), assigned)
+
+
+def _count(gpus: Mapping[str, GpuUse], assignment: Assignment) -> None:
+    # A GPU the ledger names but the inventory lacks is gone: nothing is placed on it anyway.
+    if assignment.shared:
+        use = gpus.get(assignment.shared[0])
+        if use is not None:
+            use.cores += assignment.shared[1]
+            use.memory += assignment.shared[2]
+            use.pods += 1
+    for uuid in assignment.whole:
+        use = gpus.get(uuid)
+        if use is not None:
+            use.whole = True
+            use.pods += 1
+
+
+class Placement:
+    """Where a pod would go on one node, and the node's score (0..MAX_SCORE) for it."""
+
+    __slots__ = ("assignment", "score")
+
+    def __init__(self, assignment: Assignment, score: int) -> None:
+        self.assignment, self.score = assignment, score
+
+
+def place(node: NodeGpus, demand: Demand, strategy: str = "binpack") -> Placement:
+    """Choose the GPUs of ``node`` for ``demand``; raise Unfit with the reason it does not fit."""
+    idle = [g for g in node.gpus if g.idle]
+    shared: GpuUse | None = None
+    if demand.cores:
+        fits = [g for g in node.gpus
+                if g.free_cores >= demand.cores and g.free_memory >= demand.memory]
+        if demand.whole and len(idle) <= demand.whole:
+            fits = [g for g in fits if not g.idle]  # leave the idle GPUs to the whole part
+        if not fits:
+            raise Unfit(_no_share_reason(node, demand))
+        sign = -1 if strategy == "binpack" else 1
+        shared = min(fits, key=lambda g: (sign * g.fill(demand.cores, demand.memory),
+                                          g.gpu.index))
+    whole: list[GpuUse] = []
+    if demand.whole:
+        free = [g for g in idle if g is not shared]
+        if len(free) < demand.whole:
+            raise Unfit(f"{demand.whole} whole GPU{'s' if demand.whole > 1 else ''} wanted, "
+                        f"{len(free)} of {len(node.gpus)} unused")
+        whole = free[:demand.whole]
+    assignment = Assignment(
+        (shared.gpu.uuid, demand.cores, demand.memory) if shared else None,
+        tuple(g.gpu.uuid for g in whole))
+    return Placement(assignment, _score(node, demand, shared, len(whole), strategy))
+
+
+def _score(node: NodeGpus, demand: Demand, shared: GpuUse | None, whole: int,
+           strategy: str) -> int:
+    """Binpack: fuller is better, for the chosen GPU and the node; spread: emptier is better."""
+    if not node.gpus:
+        return 0
+    node_fill = sum(g.fill() for g in node.gpus) + whole
+    if shared is not None:
+        node_fill += shared.fill(demand.cores, demand.memory) - shared.fill()
+    node_fill /= len(node.gpus)
+    fill = node_fill
+    if shared is not None:
+        gpu_fill = shared.fill(demand.cores, demand.memory)
+        fill = _GPU_WEIGHT * gpu_fill + (1 - _GPU_WEIGHT) * node_fill
+    if strategy == "spread":
+        fill = 1.0 - fill
+    return max(0, min(MAX_SCORE, round(fill * MAX_SCORE)))
+
+
+def _no_share_reason(node: NodeGpus, demand: Demand) -> str:
+    wanted = f"no GPU has {demand.cores}% and {_gib(demand.memory)} free"
+    open_gpus = [g for g in node.gpus if not g.whole]
+    if not open_gpus:
+        return f"{wanted}: {'every GPU is given whole' if node.gpus else 'no GPU'}"
+    best = max(open_gpus, key=lambda g: (min(g.free_cores / max(demand.cores, 1),
+                                             g.free_memory / max(demand.memory, 1)),
+                                         -g.gpu.index))
+    return f"{wanted} ({best.describe()}, the closest)"
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _gib(size: int) -> str:
+    return f"{size / _GIB:g} GiB" if size % (_GIB // 4) == 0 else f"{size / _GIB:.2f} GiB"

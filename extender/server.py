@@ -1,0 +1,191 @@
+"""The vcuda-scheduler-extender HTTP(S) server: routes, command line, start-up and shutdown."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from extender.bind import Binder
+from extender.kube import Credentials, Kube, KubeError
+from extender.policy import STRATEGIES
+from extender.service import Extender, Outcome
+from extender.wire import BadArguments
+from webhook.config import Config, ConfigError
+from webhook.logs import make_logger
+from webhook.tls import CertificateError, CertificateReloader
+
+DEFAULT_PORT = 8888
+DEFAULT_MAX_AGE = 120.0
+MAX_BODY = 64 << 20  # ExtenderArgs of thousands of whole Node objects
+
+
+class ExtenderServer:
+    """The extender's routes between ``start`` and ``stop``."""
+
+    def __init__(self, extender: Extender, log: Any,
+                 certificates: CertificateReloader | None = None) -> None:
+        self._extender = extender
+        self._log = log
+        self._certificates = certificates
+        self._runner: web.ServerRunner | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._routes = {("POST", "/filter"): self._filter, ("POST", "/prioritize"):
+                        self._prioritize, ("POST", "/bind"): self._bind,
+                        ("GET", "/healthz"): self._ok, ("GET", "/readyz"): self._ok}
+
+    async def start(self, host: str | None, port: int) -> int:
+        """Listen on ``host`` (None: all addresses) and ``port`` (0: any); return the port."""
+        loop = asyncio.get_running_loop()
+
+        def make_request(*args: Any) -> web.BaseRequest:
+            return web.BaseRequest(*args, loop, client_max_size=MAX_BODY)
+
+        server = web.Server(self._dispatch, request_factory=make_request, access_log=None)
+        self._runner = web.ServerRunner(server, shutdown_timeout=10)
+        await self._runner.setup()
+        context = self._certificates.context if self._certificates else None
+        await web.TCPSite(self._runner, host, port, ssl_context=context).start()
+        if self._certificates is not None:
+            self._watcher = loop.create_task(self._certificates.watch(1.0))
+        return self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        """Stop listening once requests in progress are answered (10 s at most)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
+        handler = self._routes.get((request.method, request.path))
+        if handler is not None:
+            return await handler(request)
+        if any(path == request.path for _, path in self._routes):
+            return web.Response(status=405, text=f"{request.path}: wrong method\n")
+        return web.Response(status=404, text="not found: this server answers POST /filter, "
+                                             "/prioritize, /bind and GET /healthz\n")
+
+    async def _filter(self, request: web.BaseRequest) -> web.Response:
+        return await self._answer(request, self._extender.filter)
+
+    async def _prioritize(self, request: web.BaseRequest) -> web.Response:
+        return await self._answer(request, self._extender.prioritize)
+
+    async def _bind(self, request: web.BaseRequest) -> web.Response:
+        return await self._answer(request, self._extender.bind)
+
+    async def _answer(self, request: web.BaseRequest, verb: Any) -> web.Response:
+        try:
+            body = await request.read()
+            outcome = verb(body)
+            if asyncio.iscoroutine(outcome):
+                outcome = await outcome
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(request, f"the body is larger than {MAX_BODY} bytes")
+        except BadArguments as exc:
+            return self._refuse(request, str(exc))
+        self._log_outcome(outcome)
+        return web.Response(body=outcome.body, content_type="application/json")
+
+    def _refuse(self, request: web.BaseRequest, message: str) -> web.Response:
+        self._log.warning("bad_request", path=request.path, reason=message)
+        return web.Response(status=400, text=f"bad extender request: {message}\n")
+
+    def _log_outcome(self, outcome: Outcome) -> None:
+        if outcome.event == "bind_failed":
+            self._log.warning(outcome.event, **outcome.fields)
+        elif outcome.event == "bound":
+            self._log.info(outcome.event, **outcome.fields)
+
+    async def _ok(self, _: web.BaseRequest) -> web.Response:
+        return web.Response(text="ok\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vcuda-scheduler-extender",
+        description="kube-scheduler extender of vcuda: keeps only the nodes where one GPU can "
+                    "hold a pod's share (and enough GPUs are unused for its whole GPUs), scores "
+                    "them, and at bind records the chosen GPUs in the node's GPU ledger and on "
+                    "the pod. Serves POST /filter, /prioritize, /bind (extender API v1, "
+                    "nodeCacheCapable: false) and GET /healthz. Logs JSON lines on stdout.")
+    parser.add_argument("--host", default=None, help="address to listen on (default: all)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port to listen on (default: {DEFAULT_PORT})")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="binpack",
+                        help="binpack: fill the fullest GPU and node that fit (default); "
+                             "spread: the emptiest")
+    parser.add_argument("--max-age", type=float, default=DEFAULT_MAX_AGE, metavar="SECONDS",
+                        help="a node whose agent last published its GPUs longer ago is left "
+                             f"out (default: {DEFAULT_MAX_AGE:g}; the agent publishes every "
+                             "--interval, 30 s by default)")
+    parser.add_argument("--domain", action="append", metavar="DOMAIN",
+                        help="resource domain of vcuda-core, repeatable (default: the "
+                             "webhook's, docker.com and tencent.com)")
+    parser.add_argument("--kubeconfig", metavar="FILE",
+                        help="credentials (default: the pod's service account)")
+    parser.add_argument("--cert-file", type=Path,
+                        help="serve HTTPS with this PEM certificate (reloaded when it changes)")
+    parser.add_argument("--key-file", type=Path, help="the key of --cert-file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the extender until SIGINT or SIGTERM."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if bool(args.cert_file) != bool(args.key_file):
+        parser.error("--cert-file and --key-file go together")
+    if args.max_age <= 0:
+        parser.error("--max-age must be more than 0")
+    try:
+        config = Config(domains=tuple(args.domain)) if args.domain else Config()
+    except ConfigError as exc:
+        parser.error(f"--domain: {exc}")
+    log = make_logger(sys.stdout.buffer)
+    certificates = None
+    if args.cert_file:
+        try:
+            certificates = CertificateReloader(args.cert_file, args.key_file, log)
+        except CertificateError as exc:
+            parser.error(str(exc))
+    try:
+        credentials = Credentials.load(args.kubeconfig)
+    except KubeError as exc:
+        parser.error(exc.message)
+    core_keys = tuple(keys[1] for keys in config.vcuda_keys)
+    asyncio.run(_serve(credentials, core_keys, args, certificates, log))
+    return 0
+
+
+async def _serve(credentials: Credentials, core_keys: tuple[str, ...], args: argparse.Namespace,
+                 certificates: CertificateReloader | None, log: Any) -> None:
+    kube = Kube(credentials)
+    binder = Binder(kube, core_keys, args.strategy, args.max_age)
+    server = ExtenderServer(Extender(binder, core_keys, args.strategy, args.max_age), log,
+                            certificates)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signal_number, stop.set)
+    port = await server.start(args.host, args.port)
+    log.info("serving", port=port, https=certificates is not None, strategy=args.strategy,
+             max_age=args.max_age, api=credentials.url)
+    await stop.wait()
+    log.info("stopping")
+    await server.stop()
+    await kube.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

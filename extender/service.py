@@ -1,0 +1,145 @@
+"""The three extender verbs, body to body: filter and prioritize decide from the nodes that the
+scheduler sends; bind decides against the API's current state and writes it.
+
+The only memory kept is of binds this process wrote in the last seconds that the scheduler's
+copy of the nodes may not show yet ("pending"): counting them keeps a burst of pods off room
+already given. Losing it (a restart) costs at most a bind that finds the room taken, and the
+scheduler tries that pod again; it never over-commits, since bind checks the stored ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from extender.bind import Binder, BindError
+from extender.policy import (
+    Demand,
+    DemandError,
+    Placement,
+    Unfit,
+    node_gpus,
+    place,
+    pod_demand,
+)
+from extender.wire import (
+    ExtenderArgs,
+    binding_result,
+    filter_result,
+    parse_args,
+    parse_binding,
+    priority_list,
+)
+from runtime_hook.placement import Assignment
+
+PENDING_SECONDS = 30.0
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """An answer and what to log of it."""
+
+    body: bytes
+    event: str
+    fields: dict
+
+
+class Extender:
+    """filter, prioritize and bind with one placement strategy."""
+
+    def __init__(self, binder: Binder, core_keys: tuple[str, ...], strategy: str,
+                 max_age: float, clock: Callable[[], float] = time.time) -> None:
+        self._binder = binder
+        self._core_keys = core_keys
+        self._strategy = strategy
+        self._max_age = max_age
+        self._clock = clock
+        self._pending: dict[str, dict[str, tuple[Assignment, float]]] = {}
+
+    def filter(self, body: bytes) -> Outcome:
+        """Keep the nodes where the pod fits; raise BadArguments for a malformed body."""
+        args = parse_args(body)
+        kept, failed, unresolvable = [], {}, {}
+        try:
+            demand = pod_demand(args.pod, self._core_keys)
+        except DemandError as exc:
+            reason = str(exc)
+            unresolvable = {node.metadata.name: reason for node in args.nodes}
+            return self._filtered(args, kept, failed, unresolvable)
+        for node, raw in zip(args.nodes, args.raw_nodes):
+            name = node.metadata.name
+            try:
+                self._place(args, name, node.metadata.annotations, demand)
+            except Unfit as exc:
+                (unresolvable if exc.final else failed)[name] = exc.reason
+            else:
+                kept.append(raw)
+        return self._filtered(args, kept, failed, unresolvable)
+
+    def prioritize(self, body: bytes) -> Outcome:
+        """Score each node 0..10 by the strategy; raise BadArguments for a malformed body."""
+        args = parse_args(body)
+        scores = []
+        try:
+            demand = pod_demand(args.pod, self._core_keys)
+        except DemandError:
+            demand = Demand(0, 0, 0)
+        for node in args.nodes:
+            name = node.metadata.name
+            score = 0
+            if demand:
+                try:
+                    score = self._place(args, name, node.metadata.annotations, demand).score
+                except Unfit:
+                    score = 0
+            scores.append((name, score))
+        return Outcome(priority_list(scores), "prioritize",
+                       {"pod": _pod_name(args), "scores": len(scores)})
+
+    async def bind(self, body: bytes) -> Outcome:
+        """Bind the pod; raise BadArguments for a malformed body."""
+        args = parse_binding(body)
+        who = f"{args.pod_namespace}/{args.pod_name}"
+        try:
+            assignment = await self._binder.bind(args)
+        except BindError as exc:
+            return Outcome(binding_result(str(exc)), "bind_failed",
+                           {"pod": who, "node": args.node, "error": str(exc)})
+        if assignment.gpus():
+            self._remember(args.node, args.pod_uid, assignment)
+        return Outcome(binding_result(), "bound",
+                       {"pod": who, "node": args.node, "gpus": list(assignment.gpus())})
+
+    def _place(self, args: ExtenderArgs, name: str, annotations: dict | None,
+               demand: Demand) -> Placement:
+        now = self._clock()
+        pending = self._pending.get(name)
+        extra = [(uid, a) for uid, (a, until) in pending.items() if until > now] if pending \
+            else ()
+        uid = (args.pod.get("metadata") or {}).get("uid") or ""
+        view = node_gpus(name, annotations, now, self._max_age, extra, ignore=uid)
+        if pending:
+            self._forget(name, pending, now)
+        return place(view, demand, self._strategy)
+
+    def _remember(self, node: str, uid: str, assignment: Assignment) -> None:
+        self._pending.setdefault(node, {})[uid] = (assignment, self._clock() + PENDING_SECONDS)
+
+    def _forget(self, node: str, pending: dict, now: float) -> None:
+        """Drop binds old enough for every scheduler to have seen them in the node's ledger."""
+        for uid in [u for u, (_, until) in pending.items() if until <= now]:
+            del pending[uid]
+        if not pending:
+            del self._pending[node]
+
+    def _filtered(self, args: ExtenderArgs, kept: list, failed: dict,
+                  unresolvable: dict) -> Outcome:
+        return Outcome(filter_result(kept, failed, unresolvable), "filter",
+                       {"pod": _pod_name(args), "kept": len(kept),
+                        "failed": len(failed) + len(unresolvable)})
+
+
+def _pod_name(args: ExtenderArgs) -> str:
+    metadata = args.pod.get("metadata") or {}
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"

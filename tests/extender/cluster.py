@@ -1,0 +1,132 @@
+"""Objects of a simulated GPU cluster: nodes with a published GPU inventory, vcuda pods as the
+webhook leaves them, and the extender serving in a thread against the fake API server."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import ssl
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from extender.bind import Binder
+from extender.kube import Credentials, Kube
+from extender.server import ExtenderServer
+from extender.service import Extender
+from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.placement import INVENTORY_ANNOTATION, encode_inventory
+from tests.fake_cluster_api import FakeClusterApi
+from webhook.logs import make_logger
+
+GIB = 1 << 30
+CORE_KEYS = ("docker.com/vcuda-core", "tencent.com/vcuda-core")
+NOW = 1_800_000_000.0
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    return f"GPU-{node}-{index}"
+
+
+def node_object(name: str, memories: list[int], heartbeat: float = NOW,
+                annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Node whose agent published GPUs of ``memories`` bytes at ``heartbeat``."""
+    gpus = [Gpu(gpu_uuid(name, i), i, memory) for i, memory in enumerate(memories)]
+    metadata = {"name": name, "annotations": {INVENTORY_ANNOTATION:
+                                              encode_inventory(gpus, int(heartbeat))}}
+    metadata["annotations"].update(annotations or {})
+    return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "spec": {},
+            "status": {"capacity": {"cpu": "64"}, "allocatable": {"cpu": "64"}}}
+
+
+def pod_object(name: str, cores: int = 0, memory_gib: float = 0, whole: int = 0,
+               namespace: str = "team", init: tuple[int, float] | None = None) -> dict[str, Any]:
+    """A pod as the webhook admits it: a shared container (cores, memory) and/or whole GPUs."""
+    containers, limits_table = [], {}
+    if cores:
+        containers.append(_container("share", {"docker.com/vcuda-core": str(cores),
+                                               "docker.com/vcuda-memory":
+                                                   str(int(memory_gib * 4))}))
+        limits_table["share"] = {"cores": cores, "memory": int(memory_gib * GIB)}
+    if whole:
+        containers.append(_container("whole", {"docker.com/vcuda-core": str(100 * whole)}))
+    spec: dict[str, Any] = {"containers": containers or [_container("plain", {})],
+                            "schedulerName": "vcuda-scheduler"}
+    if init:
+        spec["initContainers"] = [_container("prepare", {"docker.com/vcuda-core": str(init[0]),
+                                                         "docker.com/vcuda-memory":
+                                                             str(int(init[1] * 4))})]
+        limits_table["prepare"] = {"cores": init[0], "memory": int(init[1] * GIB)}
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())}
+    if limits_table:
+        metadata["annotations"] = {"vcuda.io/limits": json.dumps(limits_table)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def _container(name: str, limits: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "image": "busybox", "resources": {"limits": limits}}
+
+
+def extender_args(pod: dict[str, Any], nodes: list[dict[str, Any]]) -> bytes:
+    """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: false."""
+    return json.dumps({"pod": pod, "nodes": {"metadata": {}, "items": nodes}}).encode()
+
+
+def binding_args(pod: dict[str, Any], node: str) -> bytes:
+    metadata = pod["metadata"]
+    return json.dumps({"podName": metadata["name"], "podNamespace": metadata["namespace"],
+                       "podUID": metadata["uid"], "node": node}).encode()
+
+
+def credentials(api: FakeClusterApi) -> Credentials:
+    context = ssl.create_default_context(cadata=api.ca.certificate_pem.decode())
+    return Credentials(api.url, context, api.token)
+
+
+class RunningExtender:
+    """One vcuda-scheduler-extender on 127.0.0.1 in a thread with its own event loop."""
+
+    def __init__(self, api: FakeClusterApi, log_file: Path, strategy: str = "binpack",
+                 max_age: float = 120.0, clock: Any = lambda: NOW) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._log_stream = log_file.open("ab")
+        self.port = self.call(self._start(api, strategy, max_age, clock))
+        self._local = threading.local()
+
+    async def _start(self, api: FakeClusterApi, strategy: str, max_age: float,
+                     clock: Any) -> int:
+        self._kube = Kube(credentials(api))
+        binder = Binder(self._kube, CORE_KEYS, strategy, max_age, clock)
+        self.extender = Extender(binder, CORE_KEYS, strategy, max_age, clock)
+        self._server = ExtenderServer(self.extender, make_logger(self._log_stream))
+        return await self._server.start("127.0.0.1", 0)
+
+    def call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=60)
+
+    def stop(self) -> None:
+        self.call(self._server.stop())
+        self.call(self._kube.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
+        self._log_stream.close()
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """POST ``body`` on a connection kept per calling thread, as kube-scheduler keeps one."""
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._local.connection = http.client.HTTPConnection(
+                "127.0.0.1", self.port, timeout=60)
+        connection.request("POST", path, body, {"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+
+    def verb(self, path: str, body: bytes) -> Any:
+        status, payload = self.post(path, body)
+        assert status == 200, payload
+        return json.loads(payload)

@@ -1,0 +1,185 @@
+"""The extender over HTTP as kube-scheduler calls it, binding against the fake API server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime_hook.placement import (
+    ASSIGNMENT_ANNOTATION,
+    LEDGER_ANNOTATION,
+    decode_assignment,
+    decode_ledger,
+)
+from tests.extender.cluster import (
+    GIB,
+    NOW,
+    RunningExtender,
+    binding_args,
+    extender_args,
+    gpu_uuid,
+    node_object,
+    pod_object,
+)
+from tests.fake_cluster_api import FakeClusterApi
+
+
+def add(api: FakeClusterApi, *objects: dict) -> list[dict]:
+    for obj in objects:
+        if obj["kind"] == "Node":
+            api.put(f"/api/v1/nodes/{obj['metadata']['name']}", obj)
+        else:
+            api.add_pod(obj)
+    return list(objects)
+
+
+def stored_node(api: FakeClusterApi, name: str) -> dict:
+    return api.get(f"/api/v1/nodes/{name}")
+
+
+def stored_pod(api: FakeClusterApi, pod: dict) -> dict:
+    return api.get(f"/api/v1/namespaces/team/pods/{pod['metadata']['name']}")
+
+
+def bind(extender: RunningExtender, pod: dict, node: str) -> str:
+    return extender.verb("/bind", binding_args(pod, node)).get("error", "")
+
+
+def test_filter_keeps_only_nodes_where_one_gpu_holds_the_share(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    roomy, split = node_object("roomy", [16 * GIB, 16 * GIB]), node_object("split", [8 * GIB] * 4)
+    pod = pod_object("p", cores=30, memory_gib=10)
+    result = extender.verb("/filter", extender_args(pod, [roomy, split]))
+    assert [n["metadata"]["name"] for n in result["nodes"]["items"]] == ["roomy"]
+    assert result["nodes"]["items"][0] == roomy  # handed back as it came
+    assert result["failedNodes"] == {
+        "split": "no GPU has 30% and 10 GiB free (GPU 0 has 100% and 8 GiB free, the closest)"}
+
+
+def test_a_node_whose_agent_stopped_publishing_is_filtered_out_for_good_with_the_reason(
+        extender: RunningExtender) -> None:
+    stale = node_object("stale", [16 * GIB], heartbeat=NOW - 600)
+    result = extender.verb("/filter", extender_args(pod_object("p", 10, 1), [stale]))
+    assert result["nodes"]["items"] == []
+    assert result["failedAndUnresolvableNodes"]["stale"].startswith(
+        "the vcuda node agent last published this node's GPUs 600 s ago (limit 120 s)")
+
+
+def test_a_pod_not_admitted_by_the_webhook_fails_every_node_with_what_to_do(
+        extender: RunningExtender) -> None:
+    pod = pod_object("p", cores=30, memory_gib=1)
+    del pod["metadata"]["annotations"]
+    result = extender.verb("/filter", extender_args(pod, [node_object("n", [GIB])]))
+    assert "recreate the pod through it" in result["failedAndUnresolvableNodes"]["n"]
+
+
+def test_prioritize_scores_the_fuller_node_higher_under_binpack(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    busy, empty = add(api, node_object("busy", [16 * GIB] * 2), node_object("empty", [16 * GIB] * 2))
+    first = add(api, pod_object("first", cores=50, memory_gib=8))[0]
+    assert bind(extender, first, "busy") == ""
+    busy = stored_node(api, "busy")
+    scores = extender.verb("/prioritize", extender_args(pod_object("p", 20, 2), [busy, empty]))
+    by_host = {s["host"]: s["score"] for s in scores}
+    assert by_host["busy"] > by_host["empty"] >= 0 and max(by_host.values()) <= 10
+
+
+def test_bind_records_the_gpu_in_the_ledger_and_on_the_pod_and_binds_it(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    add(api, node_object("n", [16 * GIB, 16 * GIB]))
+    pod = add(api, pod_object("p", cores=30, memory_gib=10))[0]
+    assert bind(extender, pod, "n") == ""
+    stored = stored_pod(api, pod)
+    assert stored["spec"]["nodeName"] == "n"
+    assignment = decode_assignment(stored["metadata"]["annotations"][ASSIGNMENT_ANNOTATION])
+    assert assignment.shared == (gpu_uuid("n", 0), 30, 10 * GIB)
+    ledger = decode_ledger(stored_node(api, "n")["metadata"]["annotations"][LEDGER_ANNOTATION])
+    assert ledger[pod["metadata"]["uid"]].assignment == assignment
+    assert ledger[pod["metadata"]["uid"]].pod == "team/p"
+
+
+def test_a_bind_that_no_longer_fits_fails_with_the_reason_and_leaves_no_ledger_line(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    add(api, node_object("n", [16 * GIB]))
+    first, second = add(api, pod_object("a", 60, 10), pod_object("b", 60, 10))
+    assert bind(extender, first, "n") == ""
+    error = bind(extender, second, "n")
+    assert error == "node n: no GPU has 60% and 10 GiB free (GPU 0 has 40% and 6 GiB free, " \
+                    "the closest)"
+    ledger = decode_ledger(stored_node(api, "n")["metadata"]["annotations"][LEDGER_ANNOTATION])
+    assert set(ledger) == {first["metadata"]["uid"]}
+    assert "nodeName" not in stored_pod(api, second)["spec"]
+
+
+def test_a_concurrent_bind_on_the_same_node_makes_the_ledger_write_retry_and_see_it(
+        extender: RunningExtender, api: FakeClusterApi, tmp_path: Path) -> None:
+    add(api, node_object("n", [16 * GIB]))
+    mine, theirs = add(api, pod_object("mine", 60, 10), pod_object("theirs", 60, 10))
+    other = RunningExtender(api, tmp_path / "other.log")
+    node_path = "/api/v1/nodes/n"
+
+    def the_other_replica_binds_first(path: str) -> None:
+        if path == node_path:  # our ledger write is about to land: the other one wins the race
+            api.before_write = None
+            api.lock.release()  # let the other replica's requests be served meanwhile
+            try:
+                assert bind(other, theirs, "n") == ""
+            finally:
+                api.lock.acquire()
+
+    api.before_write = the_other_replica_binds_first
+    try:
+        error = bind(extender, mine, "n")
+    finally:
+        other.stop()
+    assert error.startswith("node n: no GPU has 60% and 10 GiB free")
+    ledger = decode_ledger(stored_node(api, "n")["metadata"]["annotations"][LEDGER_ANNOTATION])
+    assert set(ledger) == {theirs["metadata"]["uid"]}
+
+
+def test_a_pod_replaced_under_the_same_name_is_not_bound(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    add(api, node_object("n", [16 * GIB]))
+    pod = add(api, pod_object("p", 10, 1))[0]
+    replaced = json.loads(binding_args(pod, "n"))
+    replaced["podUID"] = "another-uid"
+    error = extender.verb("/bind", json.dumps(replaced).encode())["error"]
+    assert error.startswith("pod team/p was replaced")
+
+
+def test_whole_gpu_pods_get_unused_gpus_and_shared_pods_never_land_on_them(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    add(api, node_object("n", [16 * GIB] * 2))
+    whole, shared, late = add(api, pod_object("w", whole=1), pod_object("s", 50, 4),
+                              pod_object("late", whole=1))
+    assert bind(extender, whole, "n") == ""
+    assert bind(extender, shared, "n") == ""
+    assert bind(extender, late, "n") == "node n: 1 whole GPU wanted, 0 of 2 unused"
+    got_whole = decode_assignment(stored_pod(api, whole)["metadata"]["annotations"][
+        ASSIGNMENT_ANNOTATION]).whole
+    got_shared = decode_assignment(stored_pod(api, shared)["metadata"]["annotations"][
+        ASSIGNMENT_ANNOTATION]).shared
+    assert got_shared[0] not in got_whole
+
+
+@pytest.mark.parametrize(("path", "body", "message"), [
+    ("/filter", b"{not json", "not ExtenderArgs: JSON is malformed"),
+    ("/filter", b'{"nodes": {"items": []}}', "ExtenderArgs without a pod"),
+    ("/filter", b'{"pod": {"metadata": {}, "spec": {}}, "nodenames": ["a"]}',
+     "configure this extender with nodeCacheCapable: false"),
+    ("/prioritize", b'{"pod": {"metadata": {}, "spec": {}}, "nodes": {"items": [{}]}}',
+     "ExtenderArgs.nodes.items[0] has no metadata.name"),
+    ("/filter", b'{"pod": {"metadata": {}, "spec": {}}, "nodes": {"items": 3}}',
+     "Expected `array | null`, got `int` - at `$.nodes.items`"),
+    ("/bind", b'{"podName": "p", "podNamespace": "team", "podUID": "u"}',
+     "ExtenderBindingArgs.node is empty"),
+    ("/bind", b'[]', "not ExtenderBindingArgs: Expected `object`, got `array`"),
+])
+def test_malformed_arguments_get_400_with_a_message(extender: RunningExtender, path: str,
+                                                    body: bytes, message: str) -> None:
+    status, payload = extender.post(path, body)
+    assert status == 400
+    assert payload.decode().startswith("bad extender request: ")
+    assert message in payload.decode()

@@ -1,0 +1,126 @@
+"""The placement policy, called directly: a pod's need, fit on one GPU, binpack and spread."""
+
+from __future__ import annotations
+
+import pytest
+
+from extender.policy import Demand, DemandError, Unfit, node_gpus, place, pod_demand
+from runtime_hook.placement import (
+    LEDGER_ANNOTATION,
+    Assignment,
+    Entry,
+    encode_ledger,
+)
+from tests.extender.cluster import CORE_KEYS, GIB, NOW, gpu_uuid, node_object, pod_object
+
+
+def view(memories: list[int], used: dict[str, Assignment] | None = None, heartbeat: float = NOW,
+         max_age: float = 120.0):
+    ledger = {uid: Entry("team/p", int(NOW), a) for uid, a in (used or {}).items()}
+    node = node_object("n1", memories, heartbeat,
+                       {LEDGER_ANNOTATION: encode_ledger(ledger)} if ledger else None)
+    return node_gpus("n1", node["metadata"]["annotations"], NOW, max_age)
+
+
+def shared_on(index: int, cores: int, memory_gib: float) -> Assignment:
+    return Assignment((gpu_uuid("n1", index), cores, int(memory_gib * GIB)), ())
+
+
+def test_a_pods_need_adds_its_containers_and_takes_the_largest_init_container() -> None:
+    pod = pod_object("p", cores=30, memory_gib=10, init=(50, 2))
+    pod["spec"]["containers"].append(pod["spec"]["containers"][0] | {"name": "second"})
+    pod["metadata"]["annotations"]["vcuda.io/limits"] = (
+        '{"share": {"cores": 30, "memory": 10737418240}, "second": {"cores": 20, '
+        '"memory": 1073741824}, "prepare": {"cores": 50, "memory": 2147483648}}')
+    assert pod_demand(pod, CORE_KEYS) == Demand(50, 11 * GIB, 0)
+
+
+def test_a_sidecar_init_container_runs_alongside_and_adds_up() -> None:
+    pod = pod_object("p", cores=30, memory_gib=10, init=(20, 2))
+    pod["spec"]["initContainers"][0]["restartPolicy"] = "Always"
+    assert pod_demand(pod, CORE_KEYS) == Demand(50, 12 * GIB, 0)
+
+
+def test_whole_gpus_are_counted_from_vcuda_core_in_hundreds() -> None:
+    assert pod_demand(pod_object("p", whole=2), CORE_KEYS) == Demand(0, 0, 2)
+
+
+def test_a_shared_container_without_the_webhooks_annotation_is_an_error_naming_it() -> None:
+    pod = pod_object("p", cores=30, memory_gib=10)
+    del pod["metadata"]["annotations"]
+    with pytest.raises(DemandError, match='container "share" shares a GPU but has no valid '
+                                          "entry in vcuda.io/limits"):
+        pod_demand(pod, CORE_KEYS)
+
+
+def test_shares_of_one_pod_that_add_up_to_a_whole_gpu_are_refused() -> None:
+    pod = pod_object("p", cores=60, memory_gib=1)
+    pod["spec"]["containers"].append(pod["spec"]["containers"][0] | {"name": "second"})
+    pod["metadata"]["annotations"]["vcuda.io/limits"] = (
+        '{"share": {"cores": 60, "memory": 1}, "second": {"cores": 60, "memory": 1}}')
+    with pytest.raises(DemandError, match="120% of one GPU together"):
+        pod_demand(pod, CORE_KEYS)
+
+
+def test_a_node_whose_total_fits_but_no_single_gpu_does_is_unfit_with_the_closest_gpu() -> None:
+    node = view([16 * GIB, 16 * GIB], {"a": shared_on(0, 50, 10), "b": shared_on(1, 50, 10)})
+    with pytest.raises(Unfit, match=r"no GPU has 30% and 8 GiB free \(GPU 0 has 50% and 6 GiB "
+                                    r"free, the closest\)") as caught:
+        place(node, Demand(30, 8 * GIB, 0))
+    assert not caught.value.final
+
+
+def test_binpack_takes_the_fullest_gpu_that_fits_and_spread_the_emptiest() -> None:
+    node = view([16 * GIB] * 3, {"a": shared_on(1, 40, 8), "b": shared_on(2, 80, 14)})
+    demand = Demand(20, 4 * GIB, 0)
+    assert place(node, demand, "binpack").assignment.shared[0] == gpu_uuid("n1", 1)
+    assert place(node, demand, "spread").assignment.shared[0] == gpu_uuid("n1", 0)
+
+
+def test_binpack_scores_a_fuller_node_higher_and_spread_lower() -> None:
+    empty, busy = view([16 * GIB] * 2), view([16 * GIB] * 2, {"a": shared_on(0, 50, 8)})
+    demand = Demand(20, 4 * GIB, 0)
+    assert place(busy, demand, "binpack").score > place(empty, demand, "binpack").score
+    assert place(busy, demand, "spread").score < place(empty, demand, "spread").score
+
+
+def test_a_gpu_given_whole_is_never_shared_and_a_shared_gpu_never_given_whole() -> None:
+    whole = Assignment(None, (gpu_uuid("n1", 0),))
+    node = view([16 * GIB] * 3, {"w": whole, "s": shared_on(1, 10, 1)})
+    placement = place(node, Demand(10, GIB, 1), "binpack")
+    assert placement.assignment.shared[0] == gpu_uuid("n1", 1)
+    assert placement.assignment.whole == (gpu_uuid("n1", 2),)
+    with pytest.raises(Unfit, match="2 whole GPUs wanted, 1 of 3 unused"):
+        place(node, Demand(0, 0, 2))
+
+
+def test_a_pod_with_a_share_and_whole_gpus_leaves_the_idle_gpus_to_its_whole_part() -> None:
+    node = view([16 * GIB] * 3, {"s": shared_on(2, 10, 1)})
+    placement = place(node, Demand(10, GIB, 2), "spread")
+    assert placement.assignment.shared[0] == gpu_uuid("n1", 2)
+    assert set(placement.assignment.whole) == {gpu_uuid("n1", 0), gpu_uuid("n1", 1)}
+
+
+def test_a_stale_inventory_makes_the_node_unfit_for_good_with_its_age() -> None:
+    with pytest.raises(Unfit, match="last published this node's GPUs 300 s ago "
+                                    r"\(limit 120 s\)") as caught:
+        view([16 * GIB], heartbeat=NOW - 300)
+    assert caught.value.final
+
+
+def test_a_node_without_inventory_says_the_node_agent_does_not_run_there() -> None:
+    with pytest.raises(Unfit, match="the vcuda node agent does not run on this node"):
+        node_gpus("n1", {}, NOW, 120)
+
+
+def test_a_malformed_ledger_is_named() -> None:
+    node = node_object("n1", [GIB], annotations={LEDGER_ANNOTATION: "{"})
+    with pytest.raises(Unfit, match="vcuda.io/gpu-ledger is not JSON"):
+        node_gpus("n1", node["metadata"]["annotations"], NOW, 120)
+
+
+def test_binds_not_yet_in_the_ledger_count_and_the_pod_itself_does_not() -> None:
+    node = node_object("n1", [16 * GIB])
+    pending = [("other", shared_on(0, 60, 8)), ("self", shared_on(0, 30, 4))]
+    gpus = node_gpus("n1", node["metadata"]["annotations"], NOW, 120, pending, ignore="self")
+    assert (gpus.gpus[0].cores, gpus.gpus[0].memory) == (60, 8 * GIB)
