@@ -15,9 +15,8 @@ from urllib.parse import quote
 from extender.kube import Kube, KubeError
 from extender.policy import Demand, DemandError, Unfit, node_gpus, place, pod_demand
 from extender.wire import BindingArgs
+from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LEDGER_ANNOTATION
 from runtime_hook.placement import (
-    ASSIGNMENT_ANNOTATION,
-    LEDGER_ANNOTATION,
     Assignment,
     Entry,
     PlacementError,

@@ -13,16 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from runtime_hook.gpu_inventory import Gpu
-from runtime_hook.placement import (
+from runtime_hook.contract import (
     CORES_PER_GPU,
     INVENTORY_ANNOTATION,
     LEDGER_ANNOTATION,
-    Assignment,
-    PlacementError,
-    decode_inventory,
-    decode_ledger,
+    WHOLE_RESOURCE,
+    Gpu,
 )
+from runtime_hook.placement import Assignment, PlacementError, decode_inventory, decode_ledger
 from webhook.policy import LIMITS_ANNOTATION
 
 STRATEGIES = ("binpack", "spread")
@@ -109,14 +107,17 @@ def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
                     core_keys: tuple[str, ...]) -> tuple[int, int, int]:
     name = container.get("name", "")
     limits = (container.get("resources") or {}).get("limits") or {}
-    cores = next((limits[key] for key in core_keys if key in limits), None)
-    if cores is None:
-        return 0, 0, 0
+    raw = next((limits[key] for key in core_keys if key in limits), None)
     try:
-        cores = int(str(cores))
+        if raw is None:  # whole GPUs asked for by the device plugin's name, or no GPU
+            cores = CORES_PER_GPU * int(str(limits.get(WHOLE_RESOURCE, 0)))
+        else:
+            cores = int(str(raw))
     except ValueError:
-        raise DemandError(f'container "{name}": vcuda-core {cores!r} is not a whole number; '
-                          "the vcuda webhook should have denied it: is it installed?") from None
+        raise DemandError(f'container "{name}": its GPU limit is not a whole number; the vcuda '
+                          "webhook should have denied it: is it installed?") from None
+    if cores == 0:
+        return 0, 0, 0
     if cores >= CORES_PER_GPU and cores % CORES_PER_GPU == 0:
         return 0, 0, cores // CORES_PER_GPU
     entry = shares.get(name)

@@ -25,6 +25,11 @@ at module level.
 - ``vcuda-run``'s private directory (``vcuda-run`` → node agent):
   ``$TMPDIR/vcuda-run-*/`` holding ``owner`` and ``limits``.
 - RFC 6901 escaping of resource and annotation names in JSON Patch paths.
+- Per-GPU placement (node agent, scheduler extender, device plugin, hook): the
+  Node annotations ``vcuda.io/gpus`` (inventory and heartbeat) and
+  ``vcuda.io/gpu-ledger``, the Pod annotation ``vcuda.io/assigned-gpus``, and the
+  device-plugin resources ``vcuda.io/shared-gpu`` and ``vcuda.io/gpu``; their
+  formats are in :mod:`runtime_hook.placement`.
 """
 
 from __future__ import annotations
@@ -96,6 +101,13 @@ def pointer_token(name: str) -> str:
 # The limits annotation.
 ANNOTATION_DOMAIN = "vcuda.io"  # every vcuda annotation is under it
 LIMITS_ANNOTATION = f"{ANNOTATION_DOMAIN}/limits"
+
+# Per-GPU placement (formats and their readers and writers: runtime_hook.placement).
+INVENTORY_ANNOTATION = f"{ANNOTATION_DOMAIN}/gpus"  # Node: the agent's GPUs and heartbeat
+LEDGER_ANNOTATION = f"{ANNOTATION_DOMAIN}/gpu-ledger"  # Node: what each GPU has given out
+ASSIGNMENT_ANNOTATION = f"{ANNOTATION_DOMAIN}/assigned-gpus"  # Pod: its GPUs, set at bind
+SHARED_RESOURCE = f"{ANNOTATION_DOMAIN}/shared-gpu"  # vcuda's device plugin: one a share
+WHOLE_RESOURCE = f"{ANNOTATION_DOMAIN}/gpu"  # vcuda's device plugin: one a whole GPU
 
 
 def render_limits_annotation(limits: dict[str, dict[str, int]]) -> str:

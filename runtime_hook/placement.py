@@ -30,15 +30,14 @@ from __future__ import annotations
 
 import json
 
-from runtime_hook.gpu_inventory import Gpu
+from runtime_hook.contract import (
+    ASSIGNMENT_ANNOTATION,
+    INVENTORY_ANNOTATION,
+    LEDGER_ANNOTATION,
+    Gpu,
+)
 from runtime_hook.record import Record
 
-INVENTORY_ANNOTATION = "vcuda.io/gpus"
-LEDGER_ANNOTATION = "vcuda.io/gpu-ledger"
-ASSIGNMENT_ANNOTATION = "vcuda.io/assigned-gpus"
-SHARED_RESOURCE = "vcuda.io/shared-gpu"  # one per container that shares a GPU
-WHOLE_RESOURCE = "vcuda.io/gpu"  # one per whole GPU
-CORES_PER_GPU = 100
 FORMAT_VERSION = 1
 
 

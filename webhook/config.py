@@ -41,6 +41,9 @@ class Config:
         max_gpu_memory: bytes of the largest GPU; larger memory requests are denied.
         deny_direct_shared: deny containers that ask for ``shared_resource``
             themselves, which would give them a shared GPU with no limits.
+        scheduler_name: when set, the scheduler of pods that use GPUs
+            (``vcuda-scheduler`` on clusters whose default scheduler cannot call
+            vcuda's extender); None leaves ``spec.schedulerName`` alone.
     """
 
     domains: tuple[str, ...] = DEFAULT_DOMAINS
@@ -49,6 +52,7 @@ class Config:
     runtime_class: str = "vcuda"
     max_gpu_memory: int = 80 << 30
     deny_direct_shared: bool = True
+    scheduler_name: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -63,6 +67,9 @@ class Config:
             raise ConfigError("shared_resource and exclusive_resource must differ")
         if not is_dns_subdomain(self.runtime_class):
             raise ConfigError(f"runtime_class: {self.runtime_class!r} is not a RuntimeClass name")
+        if self.scheduler_name is not None and not is_dns_subdomain(self.scheduler_name):
+            raise ConfigError(f"scheduler_name: {self.scheduler_name!r} is not a scheduler name "
+                              "like 'vcuda-scheduler'")
         if self.max_gpu_memory < MEMORY_UNIT:
             raise ConfigError(f"max_gpu_memory: must be at least 256Mi, got {self.max_gpu_memory}")
 
@@ -100,6 +107,7 @@ _TYPES: dict[str, tuple[type, str]] = {
     "runtime_class": (str, "a RuntimeClass name"),
     "max_gpu_memory": (str, "a quantity such as \"80Gi\" or a number of bytes"),
     "deny_direct_shared": (bool, "true or false"),
+    "scheduler_name": (str, "a scheduler name such as \"vcuda-scheduler\", or null"),
 }
 
 
@@ -141,6 +149,8 @@ def _convert(key: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
             raise ConfigError(f"{key}: expected {wanted}, got {value!r}")
         return tuple(value)
+    if key == "scheduler_name" and value is None:
+        return None  # null: leave pods' scheduler alone, the default
     if not isinstance(value, kind):
         raise ConfigError(f"{key}: expected {wanted}, got {value!r}")
     return value

@@ -39,6 +39,7 @@ class PodSpec(msgspec.Struct, frozen=True, rename="camel"):
     containers: list[Container] = []
     init_containers: list[Container] | None = None
     runtime_class_name: str | None = None
+    scheduler_name: str | None = None
 
 
 class ObjectMeta(msgspec.Struct, frozen=True, rename="camel"):

@@ -7,6 +7,7 @@ from typing import Optional
 import msgspec
 
 from runtime_hook.contract import (
+    ASSIGNMENT_ANNOTATION,
     CORES_PER_GPU,
     LIMITS_ANNOTATION,
     MEMORY_UNIT,
@@ -23,7 +24,10 @@ from webhook.quantity import QuantityError, parse_whole_quantity
 
 _ANNOTATIONS_PATH = "/metadata/annotations"
 _LIMITS_ANNOTATION_PATH = f"{_ANNOTATIONS_PATH}/{pointer_token(LIMITS_ANNOTATION)}"
+_ASSIGNMENT_ANNOTATION_PATH = f"{_ANNOTATIONS_PATH}/{pointer_token(ASSIGNMENT_ANNOTATION)}"
 _RUNTIME_CLASS_PATH = "/spec/runtimeClassName"
+_SCHEDULER_NAME_PATH = "/spec/schedulerName"
+_DEFAULT_SCHEDULER = "default-scheduler"
 _ESCALATING_CAPABILITIES = frozenset({"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"})
 _Values = Optional[dict[str, Quantity]]
 
@@ -71,13 +75,14 @@ def decide(pod: Pod | None, operation: str, old_pod: Pod | None, config: Config)
 class _Findings:
     """What the review of one pod's containers found, gathered before deciding."""
 
-    __slots__ = ("limits", "patch", "problems", "warnings")
+    __slots__ = ("limits", "patch", "problems", "uses_gpus", "warnings")
 
     def __init__(self) -> None:
         self.problems: list[str] = []
         self.warnings: list[str] = []
         self.limits: dict[str, dict[str, int]] = {}
         self.patch = PatchBuilder()
+        self.uses_gpus = False  # some container asks for a share or whole GPUs
 
 
 # How one container uses GPUs: the device-plugin resource it gets, how many, and its
@@ -115,13 +120,20 @@ def _review_create(pod: Pod, config: Config) -> Decision:
 def _review_update(pod: Pod, old_pod: Pod) -> Decision:
     new_value = _annotation(pod.metadata)
     old_value = _annotation(old_pod.metadata)
-    if new_value == old_value:
-        return _UNCHANGED
-    was = "absent" if old_value is None else f"'{old_value}'"
-    return Decision.deny(
-        f"{LIMITS_ANNOTATION} is written by vcuda when the pod is created and cannot be "
-        f"changed afterwards; keep it as it was ({was}). To change a pod's GPU limits, "
-        "create a new pod with other vcuda-core and vcuda-memory limits")
+    if new_value != old_value:
+        was = "absent" if old_value is None else f"'{old_value}'"
+        return Decision.deny(
+            f"{LIMITS_ANNOTATION} is written by vcuda when the pod is created and cannot be "
+            f"changed afterwards; keep it as it was ({was}). To change a pod's GPU limits, "
+            "create a new pod with other vcuda-core and vcuda-memory limits")
+    new_value = _annotation(pod.metadata, ASSIGNMENT_ANNOTATION)
+    old_value = _annotation(old_pod.metadata, ASSIGNMENT_ANNOTATION)
+    if new_value != old_value:
+        was = "absent" if old_value is None else f"'{old_value}'"
+        return Decision.deny(
+            f"{ASSIGNMENT_ANNOTATION} is written by vcuda's scheduler when it binds the pod, "
+            f"and by nothing else; keep it as it was ({was})")
+    return _UNCHANGED
 
 
 def _review_container(container: Container, limits: _Values, requests: _Values,
@@ -154,6 +166,7 @@ def _review_container(container: Container, limits: _Values, requests: _Values,
         findings.patch.add(f"{resources_path}limits/{token}", str(count))
     if requests and keys[0] in requests and backend not in requests:
         findings.patch.add(f"{resources_path}requests/{token}", str(count))
+    findings.uses_gpus = True
     if shares is not None:
         if container.name in findings.limits:
             problems.append(f'{who}: the name "{container.name}" is used by two containers; '
@@ -300,7 +313,27 @@ def _check_backend(limits: _Values, requests: _Values, backend: str, count: int,
 
 
 def _write_pod_fields(pod: Pod, config: Config, findings: _Findings) -> None:
-    """Patch the annotation and the runtime class to what the containers need."""
+    """Patch the annotations, the runtime class and the scheduler to what the containers need."""
+    annotations = pod.metadata.annotations
+    patch = findings.patch
+    if annotations and ASSIGNMENT_ANNOTATION in annotations:
+        patch.remove(_ASSIGNMENT_ANNOTATION_PATH)
+        findings.warnings.append(f"{ASSIGNMENT_ANNOTATION} was removed: only vcuda's scheduler "
+                                 "writes it, when it binds the pod")
+    if findings.uses_gpus and config.scheduler_name:
+        _write_scheduler_name(pod, config.scheduler_name, findings)
+    _write_limits(pod, config, findings)
+
+
+def _write_scheduler_name(pod: Pod, wanted: str, findings: _Findings) -> None:
+    current = pod.spec.scheduler_name
+    findings.patch.put(_SCHEDULER_NAME_PATH, current, wanted)
+    if current not in (None, _DEFAULT_SCHEDULER, wanted):
+        findings.warnings.append(f"schedulerName {current} was replaced by {wanted}, which "
+                                 "places vcuda pods on a GPU that can hold them")
+
+
+def _write_limits(pod: Pod, config: Config, findings: _Findings) -> None:
     annotations = pod.metadata.annotations
     given = annotations.get(LIMITS_ANNOTATION) if annotations else None
     patch = findings.patch
@@ -324,9 +357,9 @@ def _write_pod_fields(pod: Pod, config: Config, findings: _Findings) -> None:
                                  f"{config.runtime_class}, which shared GPUs need")
 
 
-def _annotation(metadata: ObjectMeta) -> str | None:
+def _annotation(metadata: ObjectMeta, key: str = LIMITS_ANNOTATION) -> str | None:
     annotations = metadata.annotations
-    return annotations.get(LIMITS_ANNOTATION) if annotations else None
+    return annotations.get(key) if annotations else None
 
 
 def _gib(size: int) -> str:

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from runtime_hook.contract import LIMITS_ANNOTATION
+from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LIMITS_ANNOTATION, SHARED_RESOURCE
 from tests.deploy.manifests import (
     KUBERNETES_VERSION,
     ROOT,
@@ -138,6 +138,7 @@ def test_match_conditions_are_well_formed_cel() -> None:
 @pytest.mark.parametrize("resource", [
     "docker.com/vcuda-core", "docker.com/vcuda-memory",
     "tencent.com/vcuda-core", "tencent.com/vcuda-memory", "nvidia.com/gpu.shared",
+    "vcuda.io/shared-gpu",
 ])
 def test_pods_naming_a_vcuda_or_shared_resource_are_sent(resource: str) -> None:
     assert _matches(_pod(limits={resource: "1"}))
@@ -145,13 +146,16 @@ def test_pods_naming_a_vcuda_or_shared_resource_are_sent(resource: str) -> None:
     assert _matches(_pod(limits={resource: "1"}, init=True))
 
 
-def test_pods_with_the_limits_annotation_are_sent() -> None:
-    assert _matches(_pod(annotations={"vcuda.io/limits": "{}"}))
+@pytest.mark.parametrize("annotation", [LIMITS_ANNOTATION, ASSIGNMENT_ANNOTATION])
+def test_pods_with_the_limits_or_assignment_annotation_are_sent(annotation: str) -> None:
+    assert _matches(_pod(annotations={annotation: "{}"}))
 
 
-def test_an_update_that_removes_the_limits_annotation_is_sent() -> None:
-    old = _pod(annotations={"vcuda.io/limits": '{"main": {"cores": 30}}'})
-    assert _matches(_pod(), old)
+@pytest.mark.parametrize("annotation", [LIMITS_ANNOTATION, ASSIGNMENT_ANNOTATION])
+def test_an_update_that_removes_or_adds_the_annotation_is_sent(annotation: str) -> None:
+    stored = _pod(annotations={annotation: '{"main": {"cores": 30}}'})
+    assert _matches(_pod(), stored)
+    assert _matches(stored, _pod())
 
 
 @pytest.mark.parametrize("pod", [
@@ -336,6 +340,7 @@ def test_every_container_uses_the_one_vcuda_image() -> None:
 def test_match_conditions_name_the_webhooks_default_resources_and_annotation() -> None:
     defaults = Config()
     wanted = {r for _, core, memory in defaults.vcuda_keys for r in (core, memory)}
-    wanted |= {defaults.shared_resource, LIMITS_ANNOTATION}
+    wanted |= {defaults.shared_resource, SHARED_RESOURCE, LIMITS_ANNOTATION,
+               ASSIGNMENT_ANNOTATION}
     [condition] = _webhook()["matchConditions"]
     assert set(re.findall(r"'([^']+)'", condition["expression"])) - {"UPDATE"} == wanted

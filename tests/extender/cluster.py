@@ -16,8 +16,8 @@ from extender.bind import Binder
 from extender.kube import Credentials, Kube
 from extender.server import ExtenderServer
 from extender.service import Extender
-from runtime_hook.gpu_inventory import Gpu
-from runtime_hook.placement import INVENTORY_ANNOTATION, encode_inventory
+from runtime_hook.contract import INVENTORY_ANNOTATION, Gpu
+from runtime_hook.placement import encode_inventory
 from tests.fake_cluster_api import FakeClusterApi
 from webhook.logs import make_logger
 

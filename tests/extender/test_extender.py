@@ -7,12 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.placement import (
-    ASSIGNMENT_ANNOTATION,
-    LEDGER_ANNOTATION,
-    decode_assignment,
-    decode_ledger,
-)
+from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LEDGER_ANNOTATION
+from runtime_hook.placement import decode_assignment, decode_ledger
 from tests.extender.cluster import (
     GIB,
     NOW,
@@ -77,7 +73,8 @@ def test_a_pod_not_admitted_by_the_webhook_fails_every_node_with_what_to_do(
 
 def test_prioritize_scores_the_fuller_node_higher_under_binpack(
         extender: RunningExtender, api: FakeClusterApi) -> None:
-    busy, empty = add(api, node_object("busy", [16 * GIB] * 2), node_object("empty", [16 * GIB] * 2))
+    busy, empty = add(api, node_object("busy", [16 * GIB] * 2),
+                      node_object("empty", [16 * GIB] * 2))
     first = add(api, pod_object("first", cores=50, memory_gib=8))[0]
     assert bind(extender, first, "busy") == ""
     busy = stored_node(api, "busy")

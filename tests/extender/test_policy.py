@@ -5,12 +5,8 @@ from __future__ import annotations
 import pytest
 
 from extender.policy import Demand, DemandError, Unfit, node_gpus, place, pod_demand
-from runtime_hook.placement import (
-    LEDGER_ANNOTATION,
-    Assignment,
-    Entry,
-    encode_ledger,
-)
+from runtime_hook.contract import LEDGER_ANNOTATION
+from runtime_hook.placement import Assignment, Entry, encode_ledger
 from tests.extender.cluster import CORE_KEYS, GIB, NOW, gpu_uuid, node_object, pod_object
 
 
@@ -45,11 +41,17 @@ def test_whole_gpus_are_counted_from_vcuda_core_in_hundreds() -> None:
     assert pod_demand(pod_object("p", whole=2), CORE_KEYS) == Demand(0, 0, 2)
 
 
+def test_whole_gpus_asked_for_by_the_device_plugins_name_count_too() -> None:
+    pod = pod_object("p")
+    pod["spec"]["containers"][0]["resources"]["limits"] = {"vcuda.io/gpu": "3"}
+    assert pod_demand(pod, CORE_KEYS) == Demand(0, 0, 3)
+
+
 def test_a_shared_container_without_the_webhooks_annotation_is_an_error_naming_it() -> None:
     pod = pod_object("p", cores=30, memory_gib=10)
     del pod["metadata"]["annotations"]
-    with pytest.raises(DemandError, match='container "share" shares a GPU but has no valid '
-                                          "entry in vcuda.io/limits"):
+    with pytest.raises(DemandError, match=r'container "share" shares a GPU but has no valid '
+                                          r"entry in vcuda\.io/limits"):
         pod_demand(pod, CORE_KEYS)
 
 
@@ -115,7 +117,7 @@ def test_a_node_without_inventory_says_the_node_agent_does_not_run_there() -> No
 
 def test_a_malformed_ledger_is_named() -> None:
     node = node_object("n1", [GIB], annotations={LEDGER_ANNOTATION: "{"})
-    with pytest.raises(Unfit, match="vcuda.io/gpu-ledger is not JSON"):
+    with pytest.raises(Unfit, match=r"vcuda\.io/gpu-ledger is not JSON"):
         node_gpus("n1", node["metadata"]["annotations"], NOW, 120)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from runtime_hook.contract import LIMITS_ANNOTATION
+from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LIMITS_ANNOTATION
 from tests.webhook.builders import as_pod, container, pod, shared
 from webhook.config import Config
 from webhook.policy import Decision, decide
@@ -296,6 +296,58 @@ def test_another_runtime_class_is_replaced_with_a_warning() -> None:
     assert {"op": "replace", "path": "/spec/runtimeClassName", "value": "vcuda"} in decision.patch
     assert decision.warnings == ("runtimeClassName nvidia was replaced by vcuda, which shared "
                                  "GPUs need",)
+
+
+# --- placement: the assignment annotation and the scheduler -----------------------------------
+
+PLACEMENT = Config(shared_resource="vcuda.io/shared-gpu", exclusive_resource="vcuda.io/gpu",
+                   scheduler_name="vcuda-scheduler")
+FORGED = '{"shared": ["GPU-of-my-choice", 30, 1]}'
+
+
+def test_a_pod_created_with_an_assignment_of_its_own_loses_it_with_a_warning() -> None:
+    decision = create(pod(shared("train"), annotations={ASSIGNMENT_ANNOTATION: FORGED}))
+    result = jsonpatch.apply_patch(pod(shared("train"), annotations={
+        ASSIGNMENT_ANNOTATION: FORGED}), list(decision.patch))
+    assert ASSIGNMENT_ANNOTATION not in result["metadata"]["annotations"]
+    assert limits_annotation(result) == {"train": {"cores": 30, "memory": 10 * GIB}}
+    assert f"{ASSIGNMENT_ANNOTATION} was removed: only vcuda's scheduler writes it, when it " \
+           "binds the pod" in decision.warnings
+
+
+def test_a_pod_without_gpus_that_forges_an_assignment_loses_it_too() -> None:
+    result = patched(pod(container("web"), annotations={ASSIGNMENT_ANNOTATION: FORGED}))
+    assert result["metadata"]["annotations"] == {}
+
+
+def test_an_update_that_writes_an_assignment_is_denied() -> None:
+    stored = patched(pod(shared("train")))
+    forged = json.loads(json.dumps(stored))
+    forged["metadata"]["annotations"][ASSIGNMENT_ANNOTATION] = FORGED
+    decision = update(forged, stored)
+    assert not decision.allowed
+    assert decision.message == (f"{ASSIGNMENT_ANNOTATION} is written by vcuda's scheduler when "
+                                "it binds the pod, and by nothing else; keep it as it was "
+                                "(absent)")
+
+
+def test_with_a_scheduler_configured_gpu_pods_get_it_and_others_do_not() -> None:
+    assert patched(pod(shared("train")), PLACEMENT)["spec"]["schedulerName"] == "vcuda-scheduler"
+    whole = patched(pod(shared("train", cores="200")), PLACEMENT)
+    assert whole["spec"]["schedulerName"] == "vcuda-scheduler"
+    assert whole["spec"]["containers"][0]["resources"]["limits"]["vcuda.io/gpu"] == "2"
+    assert "schedulerName" not in patched(pod(container("web")), PLACEMENT)["spec"]
+    assert "schedulerName" not in patched(pod(shared("train")))["spec"]
+
+
+def test_another_scheduler_is_replaced_with_a_warning() -> None:
+    obj = pod(shared("train"))
+    obj["spec"]["schedulerName"] = "my-scheduler"
+    decision = create(obj, PLACEMENT)
+    assert {"op": "replace", "path": "/spec/schedulerName",
+            "value": "vcuda-scheduler"} in decision.patch
+    assert "schedulerName my-scheduler was replaced by vcuda-scheduler, which places vcuda " \
+           "pods on a GPU that can hold them" in decision.warnings
 
 
 # --- update ----------------------------------------------------------------------------------
