@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from extender.service import Extender, Outcome
 from extender.wire import BadArguments
 from webhook.config import Config, ConfigError
 from webhook.logs import make_logger
+from webhook.serving import Serving
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8888
@@ -34,37 +34,18 @@ class ExtenderServer:
                  certificates: CertificateReloader | None = None) -> None:
         self._extender = extender
         self._log = log
-        self._certificates = certificates
-        self._runner: web.ServerRunner | None = None
-        self._watcher: asyncio.Task[None] | None = None
+        self._serving = Serving(self._dispatch, MAX_BODY, certificates)
         self._routes = {("POST", "/filter"): self._filter, ("POST", "/prioritize"):
                         self._prioritize, ("POST", "/bind"): self._bind,
                         ("GET", "/healthz"): self._ok, ("GET", "/readyz"): self._ok}
 
     async def start(self, host: str | None, port: int) -> int:
         """Listen on ``host`` (None: all addresses) and ``port`` (0: any); return the port."""
-        loop = asyncio.get_running_loop()
-
-        def make_request(*args: Any) -> web.BaseRequest:
-            return web.BaseRequest(*args, loop, client_max_size=MAX_BODY)
-
-        server = web.Server(self._dispatch, request_factory=make_request, access_log=None)
-        self._runner = web.ServerRunner(server, shutdown_timeout=10)
-        await self._runner.setup()
-        context = self._certificates.context if self._certificates else None
-        await web.TCPSite(self._runner, host, port, ssl_context=context).start()
-        if self._certificates is not None:
-            self._watcher = loop.create_task(self._certificates.watch(1.0))
-        return self._runner.addresses[0][1]
+        return await self._serving.start(host, port)
 
     async def stop(self) -> None:
         """Stop listening once requests in progress are answered (10 s at most)."""
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._serving.stop()
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         handler = self._routes.get((request.method, request.path))

@@ -21,6 +21,7 @@ from webhook.logs import make_logger
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.pki import write_self_signed
 from webhook.review import MAX_BODY, body_too_large
+from webhook.serving import Serving
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8443
@@ -102,36 +103,16 @@ class WebhookServer:
             reload_interval: seconds between looks at the certificate files.
         """
         self._handlers = _Handlers(config, certificates, log)
-        self._certificates = certificates
-        self._reload_interval = reload_interval
-        self._runner: web.ServerRunner | None = None
-        self._watcher: asyncio.Task[None] | None = None
+        # The API server's cap on a review, instead of aiohttp's default of 1 MiB.
+        self._serving = Serving(self._handlers.dispatch, MAX_BODY, certificates, reload_interval)
 
     async def start(self, host: str | None, port: int) -> int:
         """Listen on ``host`` (None: every address) and ``port`` (0: any); return the port."""
-        loop = asyncio.get_running_loop()
-
-        def make_request(*args: Any) -> web.BaseRequest:
-            # The API server's cap on a review, instead of aiohttp's default of 1 MiB.
-            return web.BaseRequest(*args, loop, client_max_size=MAX_BODY)
-
-        server = web.Server(self._handlers.dispatch, request_factory=make_request,
-                            access_log=None)
-        self._runner = web.ServerRunner(server, shutdown_timeout=10)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=self._certificates.context)
-        await site.start()
-        self._watcher = loop.create_task(self._certificates.watch(self._reload_interval))
-        return self._runner.addresses[0][1]
+        return await self._serving.start(host, port)
 
     async def stop(self) -> None:
         """Stop polling, stop listening, and let requests in progress finish (10 s at most)."""
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._serving.stop()
 
 
 def _parser() -> argparse.ArgumentParser:
