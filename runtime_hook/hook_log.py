@@ -59,5 +59,7 @@ class HookLog:
             return
         try:
             os.write(fd, line.encode(errors="replace"))
+        except OSError:
+            pass  # a full or failing disk: the line is lost, the container is not
         finally:
             os.close(fd)

@@ -36,6 +36,7 @@ _UNITS = {
     "Gi": 1024**3,
     "Ti": 1024**4,
 }
+_ENTRY_POINT = "cuMemAlloc_v2"  # exported by libvcuda.so and by nothing that is not a CUDA driver
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?")
 
 _DESCRIPTION = """\
@@ -86,16 +87,20 @@ def _library_candidates() -> list[str]:
 
 
 def find_library(explicit: str | None) -> Path:
-    """Return libvcuda.so: ``explicit``, $VCUDA_LIBRARY, this checkout's build, or a system path."""
+    """Return libvcuda.so: ``explicit``, $VCUDA_LIBRARY, this checkout's build, or a system path.
+
+    The library must load: the dynamic loader skips a preload that does not
+    (with a warning on stderr) and runs the command unlimited.
+    """
     if explicit:
         path = Path(explicit)
         if not path.is_file():
             raise UsageError(f"--library {explicit}: no such file")
-        return path.resolve()
+        return _loadable(path.resolve(), f"--library {explicit}")
     candidates = _library_candidates()
     for candidate in candidates:
         if Path(candidate).is_file():
-            return Path(candidate).resolve()
+            return _loadable(Path(candidate).resolve(), candidate)
     looked = ", ".join(candidates)
     raise UsageError(
         f"libvcuda.so not found (looked at {looked}): build it with 'make -C cshim', "
@@ -120,6 +125,35 @@ def _write_limits(limits: Limits, directory: Path) -> Path:
     path = directory / RUN_LIMITS_FILE
     path.write_text(render_limits(limits))
     path.chmod(0o444)
+    return path
+
+
+def _loadable(path: Path, shown: str) -> Path:
+    """Return ``path`` when it loads and exports the CUDA entry points; raise UsageError if not.
+
+    It is loaded in a child process, so that nothing of it stays in this one.
+    """
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    child = os.fork()
+    if child == 0:
+        status = 0
+        try:
+            import ctypes
+
+            library = ctypes.CDLL(str(path), mode=os.RTLD_LAZY | os.RTLD_LOCAL)
+            if not hasattr(library, _ENTRY_POINT):
+                raise OSError(f"it exports no {_ENTRY_POINT}: it is not libvcuda.so")
+        except OSError as exc:
+            os.write(write_end, str(exc).encode(errors="replace")[:1000])
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as report:
+        why = report.read().decode(errors="replace")
+    _, wait_status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(wait_status) != 0:
+        raise UsageError(f"{shown}: does not load as a library ({why or 'the loader crashed'})")
     return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import sys
 import tempfile
@@ -115,6 +116,17 @@ class WebhookServer:
         await self._serving.stop()
 
 
+def _interval(text: str) -> float:
+    """A number of seconds more than 0, and finite (NaN and inf would spin or never wake)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds more than 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vcuda-webhook",
@@ -138,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="JSON policy settings (keys in README.md, section Webhook); "
                              "keys left out keep their defaults")
-    parser.add_argument("--reload-interval", type=float, default=1.0, metavar="SECONDS",
+    parser.add_argument("--reload-interval", type=_interval, default=1.0, metavar="SECONDS",
                         help="how often to look for a new certificate and key (default: 1)")
     return parser
 
@@ -151,8 +163,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give --cert-file and --key-file, or --self-signed to try it locally")
     if not args.self_signed and not (args.cert_file and args.key_file):
         parser.error("--cert-file and --key-file go together")
-    if args.reload_interval <= 0:
-        parser.error("--reload-interval must be more than 0")
     log = make_logger(sys.stdout.buffer)
     try:
         config = load_config(args.config) if args.config else Config()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import socket
@@ -62,7 +63,7 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if value < 1:
+    if not 1 <= value < math.inf:  # NaN fails every comparison: refused too
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, at least 1")
     return value
 

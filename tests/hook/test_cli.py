@@ -109,6 +109,14 @@ def test_missing_library_fails_the_start_with_the_fix(hook: HookSetup, tmp_path:
     assert list((hook.state_dir).iterdir()) == []  # refused before anything was committed
 
 
+def test_a_refusal_logged_to_a_full_disk_is_still_one_line(hook: HookSetup, tmp_path: Path) -> None:
+    hook.library.unlink()
+    state = _state(tmp_path, limits_annotation(train=(30, GIB)))
+    args = ["prestart", *_flags(hook), "--log-file", "/dev/full"]  # every write: ENOSPC
+    line = _one_error_line(_hook(args, state))
+    assert f"the vcuda library {hook.library} is missing on this node" in line
+
+
 def test_malformed_inventory_fails_the_start(hook: HookSetup, tmp_path: Path) -> None:
     hook.inventory.write_text("{")
     state = _state(tmp_path, limits_annotation(train=(30, GIB)))
@@ -139,6 +147,9 @@ def test_missing_inventory_is_logged_and_only_the_memory_check_skipped(
         (["prestart", "poststop"], "expected one stage"),
         (["prestart", "--memory-scaling", "0"], "--memory-scaling: '0' is not a number in (0"),
         (["prestart", "--memory-scaling=lots"], "--memory-scaling: 'lots' is not a number"),
+        (["prestart", "--memory-scaling", "nan"], "--memory-scaling: 'nan' is not a number"),
+        (["prestart", "--memory-scaling", "inf"], "--memory-scaling: 'inf' is not a number"),
+        (["prestart", "--account-mib", "nan"], "--account-mib: invalid literal"),
         (["prestart", "--account-mib", "-4"], "--account-mib: -4 is not a positive whole number"),
         (["prestart", "--log-level", "loud"], "--log-level: 'loud' is not one of debug, info"),
         (["prestart", "--state-dir"], "--state-dir needs a value"),

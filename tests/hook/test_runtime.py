@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -391,6 +392,17 @@ def test_container_without_annotations_starts_exactly_as_without_the_hook(
     assert snapshot(path / "rootfs") == root_before
     assert list(hook.state_dir.iterdir()) == []  # not even the ledger was opened
     assert not hook.log_file.exists()
+
+
+def test_a_log_that_cannot_be_written_never_fails_a_container(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    full = dataclasses.replace(hook, log_file=Path("/dev/full"))  # every write: ENOSPC
+    path = _limited(bundle, full, hooks=full.hooks())
+    result = runc.run(path, "log-full")
+    assert result.returncode == 0, result.stderr
+    _assert_limits_inside(result.stdout, hook)
+    _no_records_left(hook)
 
 
 def test_container_of_a_limited_pod_without_its_own_entry_is_left_alone(

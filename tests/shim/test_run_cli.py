@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import _ctypes
 import os
 import subprocess
 import sys
@@ -108,12 +109,19 @@ def test_sizes_are_read_as_kubernetes_writes_them(size: str, expected: int) -> N
         (["--memory", "4Gi", "--cores", "0", "--", "true"], "cores must be 1..100, got 0"),
         (["--memory", "4Gi", "--cores", "150", "--", "true"], "cores must be 1..100, got 150"),
         (["--memory", "4Gi", "--cores", "x", "--", "true"], "invalid int value: 'x'"),
+        (["--memory", "4Gi", "--cores", "nan", "--", "true"], "invalid int value: 'nan'"),
+        (["--memory", "nan", "--", "true"], "bad size 'nan'"),
+        (["--memory", "inf", "--", "true"], "bad size 'inf'"),
         (["--memory", "4Gi", "--devices", "GPU a", "--", "true"], "holds a character not allowed"),
         (["--memory", "4Gi", "--"], "no command given: write it after '--'"),
         (["--memory", "4Gi"], "no command given"),
         (["--", "true"], "the following arguments are required: --memory"),
         (["--memory", "4Gi", "--library", "/nope/libvcuda.so", "--", "true"],
          "--library /nope/libvcuda.so: no such file"),
+        (["--memory", "4Gi", "--library", "/etc/passwd", "--", "true"],
+         "--library /etc/passwd: does not load as a library (/etc/passwd: invalid ELF header)"),
+        (["--memory", "4Gi", "--library", _ctypes.__file__, "--", "true"],
+         "exports no cuMemAlloc_v2: it is not libvcuda.so"),
     ],
 )
 def test_bad_command_lines_get_a_clear_error_and_run_nothing(

@@ -40,7 +40,11 @@ def test_help_explains_every_flag() -> None:
     ((), "give --cert-file and --key-file, or --self-signed to try it locally"),
     (("--cert-file", "tls.crt"), "--cert-file and --key-file go together"),
     (("--self-signed", "--cert-file", "tls.crt"), "give --cert-file and --key-file, or"),
-    (("--self-signed", "--reload-interval", "0"), "--reload-interval must be more than 0"),
+    (("--self-signed", "--reload-interval", "0"),
+     "argument --reload-interval: '0' is not a number of seconds more than 0"),
+    (("--self-signed", "--reload-interval", "nan"), "argument --reload-interval: 'nan' is not"),
+    (("--self-signed", "--reload-interval", "inf"), "argument --reload-interval: 'inf' is not"),
+    (("--self-signed", "--port", "nan"), "argument --port: invalid int value: 'nan'"),
 ])
 def test_wrong_flags_are_refused_with_what_to_give(args: tuple[str, ...], message: str) -> None:
     result = run(*args)
