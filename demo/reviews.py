@@ -43,8 +43,8 @@ def review_lines(asked: dict[str, Any], review: Review) -> list[str]:
     pod = review.pod
     lines += [f"{'patched:' if number == 0 else '':<10}{c['name']}: {_resources_text(c)}"
               for number, c in enumerate(pod["spec"]["containers"])]
-    value = (pod["metadata"].get("annotations") or {}).get(LIMITS_ANNOTATION)
-    lines.append(f"          {LIMITS_ANNOTATION}: {value or '(none)'}")
+    written = (pod["metadata"].get("annotations") or {}).get(LIMITS_ANNOTATION)
+    lines.append(f"          {LIMITS_ANNOTATION}: {written or '(none)'}")
     lines.append(f"          runtimeClassName: {pod['spec'].get('runtimeClassName') or '(none)'}")
     return lines
 

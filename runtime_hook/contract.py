@@ -142,14 +142,13 @@ def container_limits(value: str, container: str) -> tuple[int, int] | None:
 
 def _whole_number(entry: dict, key: str, container: str, low: int, high: int | None) -> int:
     value = entry.get(key)
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if not ok or (high is not None and value > high):
-        span = f"{low}..{high}" if high is not None else f"at least {low}"
-        raise ContractError(
-            f"annotation {LIMITS_ANNOTATION}: {key} of {container!r} is {value!r}, "
-            f"expected a whole number {span}"
-        )
-    return value
+    if type(value) is int and value >= low and (high is None or value <= high):  # not a bool
+        return value
+    span = f"{low}..{high}" if high is not None else f"at least {low}"
+    raise ContractError(
+        f"annotation {LIMITS_ANNOTATION}: {key} of {container!r} is {value!r}, "
+        f"expected a whole number {span}"
+    )
 
 
 # The limits file. UTF-8, one ``key=value`` per line, no spaces around ``=``,

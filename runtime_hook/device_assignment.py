@@ -23,7 +23,7 @@ from __future__ import annotations
 
 # collections.abc re-exports these from _collections_abc, which os has loaded
 # already; importing collections.abc would load all of collections (2 ms).
-from _collections_abc import Iterable, Mapping
+from _collections_abc import Callable, Iterable, Mapping
 
 from runtime_hook.contract import Gpu
 from runtime_hook.hook_errors import HookError
@@ -47,6 +47,8 @@ class Source(Record):
 
     _fields = ("name", "read")
     __slots__ = _fields
+    name: str
+    read: Callable[[Container], tuple[str, ...] | None]
 
 
 class Devices(Record):
@@ -59,6 +61,9 @@ class Devices(Record):
     _fields = ("for_limits", "for_ledger", "notes")
     __slots__ = _fields
     _defaults = ((),)
+    for_limits: tuple[str, ...]
+    for_ledger: tuple[str, ...]
+    notes: tuple[str, ...]
 
 
 def from_volume_mounts(container: Container) -> tuple[str, ...] | None:

@@ -10,6 +10,11 @@ Malformed input raises ``ValueError`` (json's ``JSONDecodeError``), as
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
 _WHITESPACE = " \t\n\r"
 
 
@@ -28,15 +33,16 @@ class _Options:
     }.__getitem__
 
 
+_scan: Callable[[str, int], tuple[Any, int]] | None
 try:
     from _json import make_scanner
 
-    _scan = make_scanner(_Options())
+    _scan = make_scanner(_Options())  # type: ignore[arg-type]  # the options json.decoder passes
 except (ImportError, TypeError):  # an interpreter without CPython's accelerator
     _scan = None
 
 
-def loads(data: bytes | str) -> object:
+def loads(data: bytes | str) -> Any:
     """Decode one JSON document (UTF-8 when given bytes)."""
     text = data.decode("utf-8") if isinstance(data, bytes) else data
     if _scan is not None:

@@ -13,6 +13,10 @@ import os
 from runtime_hook.contract import INVENTORY_NAME, memory_scaling
 from runtime_hook.hook_log import LEVELS
 
+TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)
+if TYPE_CHECKING:
+    from typing import Any
+
 DEFAULT_STATE_DIR = "/run/vcuda"
 DEFAULT_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
 STAGES = ("prestart", "poststop")
@@ -85,7 +89,7 @@ _OPTIONS: dict[str, tuple] = {
 class Flags:
     """The parsed command line."""
 
-    def __init__(self, stage: str, values: dict[str, object]) -> None:
+    def __init__(self, stage: str, values: dict[str, Any]) -> None:
         self.stage = stage
         self.state_dir: str = values["state_dir"]
         self.library: str = values["library"]

@@ -49,6 +49,10 @@ class Sources(Record):
 
     _fields = ("library", "limits", "preload", "account_dir")
     __slots__ = _fields
+    library: str
+    limits: str
+    preload: str
+    account_dir: str
 
 
 def merge_preload(existing: bytes, library: str = LIBRARY_PATH) -> bytes:

@@ -52,6 +52,15 @@ class Entry(Record):
         "devices",
     )
     __slots__ = _fields
+    container_id: str
+    namespace: str
+    pod: str
+    container: str
+    pid: int
+    start_time: int
+    memory: int
+    cores: int
+    devices: tuple[str, ...]
 
 
 def commit(state: StateDir, entry: Entry) -> str:
@@ -86,10 +95,11 @@ def entries(state: StateDir) -> list[Entry]:
             with open(os.path.join(record, OWNER_FILE), "rb") as src:
                 pid, start_time = (int(word) for word in src.read().split())
             with open(os.path.join(record, ENTRY_FILE), encoding="utf-8") as src:
-                body = dict(line.split("=", 1) for line in src.read().splitlines())
+                text = dict(line.split("=", 1) for line in src.read().splitlines())
+            body: dict[str, object] = dict(text)
             for key in _NUMBERS:
-                body[key] = int(body[key])
-            body["devices"] = tuple(d for d in body["devices"].split(",") if d)
+                body[key] = int(text[key])
+            body["devices"] = tuple(d for d in text["devices"].split(",") if d)
             found.append(Entry(pid=pid, start_time=start_time, **body))
         except (OSError, ValueError, TypeError, KeyError):
             continue

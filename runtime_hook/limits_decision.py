@@ -30,6 +30,9 @@ class Request(Record):
 
     _fields = ("container", "cores", "memory")
     __slots__ = _fields
+    container: str
+    cores: int
+    memory: int
 
 
 def container_name(annotations: Mapping[str, str]) -> str:

@@ -29,6 +29,13 @@ class Container(Record):
     _fields = ("id", "pid", "bundle", "annotations", "rootfs", "env", "mounts")
     __slots__ = _fields
     _defaults = ("", (), ())
+    id: str
+    pid: int
+    bundle: str
+    annotations: dict[str, str]
+    rootfs: str
+    env: tuple[str, ...]
+    mounts: tuple[tuple[str, str, bool], ...]
 
 
 def parse_state(raw: bytes) -> Container:

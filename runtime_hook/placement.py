@@ -50,6 +50,8 @@ class Inventory(Record):
 
     _fields = ("gpus", "heartbeat")
     __slots__ = _fields
+    gpus: tuple[Gpu, ...]
+    heartbeat: int
 
 
 class Assignment(Record):
@@ -57,6 +59,8 @@ class Assignment(Record):
 
     _fields = ("shared", "whole")
     __slots__ = _fields
+    shared: tuple[str, int, int] | None
+    whole: tuple[str, ...]
 
     def gpus(self) -> tuple[str, ...]:
         """Every GPU UUID the pod uses."""
@@ -76,6 +80,9 @@ class Entry(Record):
 
     _fields = ("pod", "at", "assignment")
     __slots__ = _fields
+    pod: str
+    at: int
+    assignment: Assignment
 
 
 def encode_inventory(gpus: list[Gpu], heartbeat: int) -> str:

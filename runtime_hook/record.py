@@ -3,12 +3,16 @@
 Importing ``collections`` (for ``namedtuple``) and building the classes cost
 each limited container's prestart about 2 ms, and the hook imports these types
 on every container start that carries limits. A subclass names its fields, in
-order, in ``_fields`` and makes them its ``__slots__``, and may give defaults
-for the last ones in ``_defaults`` (a tuple, as namedtuple's ``defaults``)::
+order, in ``_fields`` and makes them its ``__slots__``, may give defaults for
+the last ones in ``_defaults`` (a tuple, as namedtuple's ``defaults``), and
+annotates each field for the type checker::
 
     class Gpu(Record):
         _fields = ("uuid", "index", "memory")
         __slots__ = _fields
+        uuid: str
+        index: int
+        memory: int
 
 Instances are built from positional or keyword arguments, compare equal when
 their type and fields are equal, hash, print, and give ``_asdict()`` as named
@@ -56,7 +60,7 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return self._values() == other._values()  # type: ignore[attr-defined]
+        return self._values() == other._values()
 
     def __hash__(self) -> int:
         return hash((type(self), self._values()))

@@ -16,6 +16,10 @@ import _ctypes
 import os
 import sys
 
+TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)
+if TYPE_CHECKING:
+    from ctypes import CDLL
+
 
 class _Int(_ctypes._SimpleCData):
     _type_ = "i"
@@ -46,14 +50,16 @@ class _LongFunction(_ctypes.CFuncPtr):
 class _Process:
     """This process's own symbols, libc's among them: CFuncPtr looks names up in ``_handle``."""
 
-    _handle = _ctypes.dlopen(None)
+    _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # None: this process, as dlopen(3)
 
 
-_syscall = _LongFunction(("syscall", _Process))
-_setns = _IntFunction(("setns", _Process))
-_mount = _IntFunction(("mount", _Process))
-_umount2 = _IntFunction(("umount2", _Process))
-_fstatfs = _IntFunction(("fstatfs", _Process))
+# All a CFuncPtr reads of its library is ``_handle``: _Process stands in for a CDLL.
+_PROCESS: CDLL = _Process  # type: ignore[assignment]
+_syscall = _LongFunction(("syscall", _PROCESS))
+_setns = _IntFunction(("setns", _PROCESS))
+_mount = _IntFunction(("mount", _PROCESS))
+_umount2 = _IntFunction(("umount2", _PROCESS))
+_fstatfs = _IntFunction(("fstatfs", _PROCESS))
 
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429

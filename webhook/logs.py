@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import MutableMapping
 from typing import Any, BinaryIO
 
 import msgspec
@@ -79,7 +80,7 @@ class _Render:
         self._second = -1
         self._prefix = ""
 
-    def __call__(self, _: Any, method: str, event: dict[str, Any]) -> bytes:
+    def __call__(self, _: Any, method: str, event: MutableMapping[str, Any]) -> bytes:
         now = time.time()
         second = int(now)
         if second != self._second:  # format the date and time once a second

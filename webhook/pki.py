@@ -103,7 +103,7 @@ def issue_serving_cert(ca: KeyPair, dns_names: Sequence[str], not_before: dateti
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.certificate.public_key()),
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
             critical=False)
         .sign(ca.key, hashes.SHA256())
     )

@@ -152,7 +152,7 @@ def _review_container(container: Container, limits: _Values, requests: _Values,
     if requests and not config.watched_resources.isdisjoint(requests):
         _check_requests_match_limits(limits, requests, keys, who, problems)
     mode = _mode(container, limits, keys, who, config, findings)
-    if mode is None:
+    if mode is None or not limits:  # a mode comes from limits: they are there
         return
     backend, count, shares = mode
     backends = config.backend_resources

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -71,6 +71,7 @@ class _Review(msgspec.Struct, frozen=True, rename="camel"):
 
 
 _DECODER = msgspec.json.Decoder(_Review)
+_Request_ = TypeVar("_Request_")  # the request as decoded: a _Request, or a dict when malformed
 _ENCODER = msgspec.json.Encoder()
 _RESPONSE_START = f'{{"apiVersion":"{API_VERSION}","kind":"{KIND}","response":'.encode()
 
@@ -83,15 +84,15 @@ def parse_review(body: bytes) -> ReviewRequest:
         review = _DECODER.decode(body)
     except msgspec.DecodeError as exc:
         return _parse_malformed(body, exc)
-    request = review.request
-    _check_envelope(review.api_version, review.kind, request, request and request.uid)
+    request, uid = _check_envelope(review.api_version, review.kind, review.request,
+                                   review.request and review.request.uid)
     kind = request.kind
     name = request.name
     if not name and request.object:
         name = _display_name(request.object.metadata.name, request.object.metadata.generate_name)
     is_pod = kind.kind == "Pod" and not kind.group
     return ReviewRequest(
-        uid=request.uid, operation=request.operation, namespace=request.namespace, name=name,
+        uid=uid, operation=request.operation, namespace=request.namespace, name=name,
         kind="v1 Pod" if is_pod else _kind_text(kind.group, kind.version, kind.kind),
         is_pod=is_pod, dry_run=request.dry_run is True, pod=request.object,
         old_pod=request.old_object)
@@ -128,9 +129,9 @@ def _parse_malformed(body: bytes, error: msgspec.DecodeError) -> ReviewRequest:
         raise BadReview(f"body is not JSON: {exc}") from None
     if not isinstance(review, dict):
         raise BadReview("body is not a JSON object")
-    request = review.get("request")
-    uid = request.get("uid") if isinstance(request, dict) else None
-    _check_envelope(review.get("apiVersion"), review.get("kind"), request, uid)
+    found = review.get("request")
+    request, uid = _check_envelope(review.get("apiVersion"), review.get("kind"), found,
+                                   found.get("uid") if isinstance(found, dict) else None)
     kind = request.get("kind")
     kind = kind if isinstance(kind, dict) else {}
     operation = _text(request.get("operation"))
@@ -146,7 +147,9 @@ def _parse_malformed(body: bytes, error: msgspec.DecodeError) -> ReviewRequest:
         else "")
 
 
-def _check_envelope(api_version: Any, kind: Any, request: Any, uid: Any) -> None:
+def _check_envelope(api_version: Any, kind: Any, request: _Request_ | None,
+                    uid: Any) -> tuple[_Request_, str]:
+    """Return the request and its uid, once the envelope shows an AdmissionReview v1 with both."""
     if api_version != API_VERSION or kind != KIND:
         raise BadReview(f"expected apiVersion {API_VERSION} and kind {KIND}, got "
                         f"{_shown(api_version)} and {_shown(kind)}")
@@ -154,6 +157,7 @@ def _check_envelope(api_version: Any, kind: Any, request: Any, uid: Any) -> None
         raise BadReview("request is missing or not an object")
     if not isinstance(uid, str) or not uid:
         raise BadReview("request.uid is missing or not a string")
+    return request, uid
 
 
 def _display_name(name: str | None, generate_name: str | None) -> str:

@@ -9,11 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from webhook.tls import CertificateReloader
+
+if TYPE_CHECKING:  # the parts of a request that aiohttp hands a request factory
+    from aiohttp.abc import AbstractStreamWriter
+    from aiohttp.http import RawRequestMessage
+    from aiohttp.streams import StreamReader
+    from aiohttp.web_protocol import RequestHandler
 
 Dispatch = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
@@ -42,8 +48,11 @@ class Serving:
         loop = asyncio.get_running_loop()
         max_body = self._max_body
 
-        def make_request(*args: Any) -> web.BaseRequest:
-            return web.BaseRequest(*args, loop, client_max_size=max_body)
+        def make_request(message: RawRequestMessage, payload: StreamReader,
+                         protocol: RequestHandler, writer: AbstractStreamWriter,
+                         task: asyncio.Task[None]) -> web.BaseRequest:
+            return web.BaseRequest(message, payload, protocol, writer, task, loop,
+                                   client_max_size=max_body)
 
         server = web.Server(self._dispatch, request_factory=make_request, access_log=None)
         self._runner = web.ServerRunner(server, shutdown_timeout=10)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from collections import namedtuple
+from typing import NamedTuple
 
 MAGIC = b"VCUDAACC"
 VERSION = 2
@@ -28,17 +28,20 @@ class AccountError(ValueError):
     """The file is not an account the agent can read; the message says why."""
 
 
-class Slot(namedtuple("Slot", "pid start_time used")):
+class Slot(NamedTuple):
     """One process of the account: its pid (as its pid namespace numbers it), its start
     time in clock ticks since boot, and the bytes it holds on each device of the account."""
 
-    __slots__ = ()
+    pid: int
+    start_time: int
+    used: tuple[int, ...]
 
 
-class Account(namedtuple("Account", "devices slots")):
+class Account(NamedTuple):
     """What an account holds: its device UUIDs (position = device index) and its busy slots."""
 
-    __slots__ = ()
+    devices: tuple[str, ...]
+    slots: tuple[Slot, ...]
 
     def used(self, live: set[tuple[int, int]] | None = None) -> dict[str, int]:
         """Bytes in use per device UUID, over the slots whose (pid, start time) is in ``live``

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import namedtuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from runtime_hook.contract import INVENTORY_NAME, Gpu
 from runtime_hook.node.logs import Problems, event
@@ -13,27 +13,34 @@ from runtime_hook.node.metrics import NodeCollector, serve
 from runtime_hook.node.nvml import Nvml, NvmlError
 from runtime_hook.node.observe import Observer
 
-_SETTINGS = (
-    "host_root state_dir node domains memory_scaling address port interval run_dirs "
-    "advertise kubeconfig"
-)
+if TYPE_CHECKING:  # the agent loads it (and kubernetes) only to advertise
+    from runtime_hook.node.advertise import NodeStatus
 
 
-class Settings(namedtuple("Settings", _SETTINGS)):
+class Settings(NamedTuple):
     """The command line of ``vcuda-node run``."""
 
-    __slots__ = ()
+    host_root: str
+    state_dir: str
+    node: str
+    domains: tuple[str, ...]
+    memory_scaling: float
+    address: str
+    port: int
+    interval: float
+    run_dirs: list[str]
+    advertise: bool
+    kubeconfig: str | None
 
 
 class Advertiser:
     """One pass of keeping the inventory file and the node's extended resources in step with NVML.
 
-    ``status`` is a :class:`~runtime_hook.node.advertise.NodeStatus`, or None
-    to write the inventory alone.
+    ``status`` is the node's, or None to write the inventory alone.
     """
 
     def __init__(
-        self, nvml: Nvml, settings: Settings, status: object | None, log: logging.Logger
+        self, nvml: Nvml, settings: Settings, status: NodeStatus | None, log: logging.Logger
     ) -> None:
         self._nvml = nvml
         self._settings = settings
@@ -53,7 +60,7 @@ class Advertiser:
             gpus = [Gpu(g.uuid, g.index, g.memory_total) for g in found]
             self._write_inventory(gpus)
             if self._status is not None:
-                self._advertise(gpus)
+                self._advertise(self._status, gpus)
         self.problems.cycle_done()
 
     def _write_inventory(self, gpus: list[Gpu]) -> None:
@@ -66,15 +73,15 @@ class Advertiser:
         except OSError as exc:
             self.problems.report("inventory", self.inventory, f"cannot write: {exc}")
 
-    def _advertise(self, gpus: list[Gpu]) -> None:
+    def _advertise(self, status: NodeStatus, gpus: list[Gpu]) -> None:
         from runtime_hook.node.advertise import AdvertiseError, resources, status_patch
 
         settings = self._settings
         wanted = resources(gpus, settings.domains, settings.memory_scaling)
         try:
-            operations = status_patch(self._status.read(), wanted)
+            operations = status_patch(status.read(), wanted)
             if operations:
-                self._status.patch(operations)
+                status.patch(operations)
                 event(self._log, logging.INFO, "advertised", node=settings.node, resources=wanted)
         except AdvertiseError as exc:
             self.problems.report("advertise", f"node {settings.node}", str(exc))

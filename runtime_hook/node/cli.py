@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+from typing import Any
 
 from runtime_hook.contract import (
     DEFAULT_DOMAINS,
@@ -97,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    restart = {"action": argparse.BooleanOptionalAction, "default": True,
+    restart: dict[str, Any] = {"action": argparse.BooleanOptionalAction, "default": True,
                "help": "restart the runtime (systemctl, on the node) when its vcuda handler "
                        "changed (default: yes)"}
     install = commands.add_parser("install", help="install the shim, the hook and the handler",

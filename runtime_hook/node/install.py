@@ -30,8 +30,8 @@ import logging
 import os
 import stat
 import subprocess
-from collections import namedtuple
 from pathlib import Path
+from typing import NamedTuple
 
 from runtime_hook.hook_cli import DEFAULT_LIBRARY
 from runtime_hook.node import hook_files, host_files, runtime_config
@@ -54,17 +54,22 @@ for name in sys.argv[2:]:
 print(sys.version.split()[0])
 """
 
-_OPTIONS = "host_root prefix state_dir runtime library node_config memory_scaling restart"
-
 
 class InstallError(RuntimeError):
     """The install cannot go on; the message says why and what to do."""
 
 
-class Options(namedtuple("Options", _OPTIONS)):
+class Options(NamedTuple):
     """The command line of install and uninstall (uninstall uses host_root, prefix, restart)."""
 
-    __slots__ = ()
+    host_root: str
+    prefix: str
+    state_dir: str
+    runtime: str
+    library: str | None
+    node_config: str | None
+    memory_scaling: float
+    restart: bool
 
 
 def install(options: Options, log: logging.Logger) -> list[str]:
@@ -165,6 +170,13 @@ def uninstall(options: Options, log: logging.Logger) -> list[str]:
 
 class _Record:
     """The paths an install wrote, by kind; saved as ``<prefix>/installed.json``."""
+
+    runtime_files: list[str]  # one list per kind of _KINDS
+    edits: list[str]
+    files: list[str]
+    links: list[str]
+    trees: list[str]
+    dirs: list[str]
 
     def __init__(self, runtime: str = "", **kinds: list[str]) -> None:
         self.runtime = runtime

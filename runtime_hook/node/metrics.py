@@ -6,6 +6,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -34,6 +35,7 @@ _GPU = {
     "core_limit_ratio": "Sum of the compute limits of the limited containers on the GPU.",
     "containers": "Limited containers on the GPU.",
 }
+_GPU_SUMS = ("memory_limit_bytes", "core_limit_ratio", "containers")  # over its containers
 
 
 def families(snapshot: Snapshot, node: str, errors: Counter[str]) -> list[Metric]:
@@ -46,14 +48,14 @@ def families(snapshot: Snapshot, node: str, errors: Counter[str]) -> list[Metric
         key: GaugeMetricFamily(f"vcuda_gpu_{key}", text, labels=GPU_LABELS)
         for key, text in _GPU.items()
     }
-    totals: dict[tuple[str, str], Counter[str]] = {}
+    totals: dict[tuple[str, str], dict[str, float]] = {}
     for gpu in snapshot.gpus:
         labels = [node, str(gpu.index), gpu.uuid]
         per_gpu["memory_total_bytes"].add_metric(labels, gpu.memory_total)
         per_gpu["memory_used_bytes"].add_metric(labels, gpu.memory_used)
         if gpu.utilization is not None:
             per_gpu["core_used_ratio"].add_metric(labels, gpu.utilization / 100)
-        totals[(str(gpu.index), gpu.uuid)] = Counter()
+        totals[(str(gpu.index), gpu.uuid)] = dict.fromkeys(_GPU_SUMS, 0.0)
     for usage in snapshot.usages:
         workload, index = usage.workload, "" if usage.index is None else str(usage.index)
         labels = [workload.namespace, workload.pod, workload.container, node, index, usage.uuid]
@@ -67,11 +69,12 @@ def families(snapshot: Snapshot, node: str, errors: Counter[str]) -> list[Metric
         for key, value in values.items():
             if value is not None:
                 per_container[key].add_metric(labels, value)
-        total = totals.setdefault((index, usage.uuid), Counter())
-        total.update(memory_limit_bytes=workload.memory, core_limit_ratio=workload.cores / 100)
-        total.update(containers=1)
+        total = totals.setdefault((index, usage.uuid), dict.fromkeys(_GPU_SUMS, 0.0))
+        total["memory_limit_bytes"] += workload.memory
+        total["core_limit_ratio"] += workload.cores / 100
+        total["containers"] += 1
     for (index, uuid), total in totals.items():
-        for key in ("memory_limit_bytes", "core_limit_ratio", "containers"):
+        for key in _GPU_SUMS:
             per_gpu[key].add_metric([node, index, uuid], total[key])
     failures = CounterMetricFamily(
         "vcuda_node_collect_errors",
@@ -103,7 +106,9 @@ class NodeCollector(Collector):
             yield from families(snapshot, self._node, self._problems.counts)
 
 
-def serve(collector: NodeCollector, address: str, port: int) -> tuple[object, threading.Thread]:
+def serve(
+    collector: NodeCollector, address: str, port: int
+) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``collector`` on http://address:port/metrics in a thread; return (server, thread)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)

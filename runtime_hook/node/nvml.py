@@ -10,8 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections import namedtuple
-from typing import Any
+from typing import Any, NamedTuple
 
 from runtime_hook.node.logs import Problems
 
@@ -23,11 +22,15 @@ class NvmlError(RuntimeError):
     """NVML cannot be used at the moment; the message says why."""
 
 
-class GpuState(namedtuple("GpuState", "index uuid memory_total memory_used utilization")):
+class GpuState(NamedTuple):
     """One GPU now: its NVML index and UUID, memory in bytes, and utilization in percent
     (None where the GPU does not report it)."""
 
-    __slots__ = ()
+    index: int  # type: ignore[assignment]  # NVML's word; hides tuple.index, unused here
+    uuid: str
+    memory_total: int
+    memory_used: int
+    utilization: int | None
 
 
 class Nvml:

@@ -11,26 +11,32 @@ rest of the picture stands.
 
 from __future__ import annotations
 
-from collections import namedtuple
+from typing import NamedTuple
 
 from runtime_hook.node import account, processes, workloads
 from runtime_hook.node.logs import Problems
-from runtime_hook.node.nvml import Nvml, NvmlError
+from runtime_hook.node.nvml import GpuState, Nvml, NvmlError
 
 
-class Usage(namedtuple("Usage", "workload uuid index memory_used core_used processes")):
+class Usage(NamedTuple):
     """One workload on one GPU: ``index`` (None when NVML does not know the UUID), memory in
     use in bytes, compute in use as a ratio of the GPU (None when NVML cannot tell), and how
     many of its processes hold memory there. ``memory_used`` and ``processes`` are None when
     its account cannot be read."""
 
-    __slots__ = ()
+    workload: workloads.Workload
+    uuid: str
+    index: int | None  # type: ignore[assignment]  # as GpuState.index
+    memory_used: int | None
+    core_used: float | None
+    processes: int | None
 
 
-class Snapshot(namedtuple("Snapshot", "gpus usages")):
+class Snapshot(NamedTuple):
     """The GPUs NVML reads (``GpuState`` list) and the ``Usage`` of every workload."""
 
-    __slots__ = ()
+    gpus: list[GpuState]
+    usages: list[Usage]
 
 
 class Observer:
@@ -67,7 +73,8 @@ class Observer:
         by_namespace = processes.index(ns for ns in namespaces.values() if ns is not None)
         usages = []
         for workload in found:
-            live = by_namespace.get(namespaces[workload], {})
+            namespace = namespaces[workload]
+            live = by_namespace.get(namespace, {}) if namespace is not None else {}
             usages += self._usages(workload, live, utilization)
         problems.cycle_done()
         return Snapshot(gpus, usages)

@@ -15,16 +15,17 @@ numbers are the same.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from runtime_hook.node_state import process_start_time
 
 
-class Process(namedtuple("Process", "host_pid start_time")):
+class Process(NamedTuple):
     """A live process: its pid in the host's namespace and its start time (clock ticks)."""
 
-    __slots__ = ()
+    host_pid: int
+    start_time: int
 
 
 def pid_namespace(pid: int) -> int | None:

@@ -15,8 +15,8 @@ import fnmatch
 import json
 import os
 import re
-from collections import namedtuple
 from pathlib import Path
+from typing import NamedTuple
 
 from runtime_hook.hook_cli import DEFAULT_STATE_DIR, UsageError, parse_args
 
@@ -38,11 +38,13 @@ class ConfigError(RuntimeError):
     """The node's runtime configuration cannot be set up; the message says what to do."""
 
 
-class HookCommand(namedtuple("HookCommand", "prefix state_dir memory_scaling")):
+class HookCommand(NamedTuple):
     """What the hook command of this install differs in: the install prefix, the hook's
     state dir, and its ``--memory-scaling``."""
 
-    __slots__ = ()
+    prefix: str
+    state_dir: str
+    memory_scaling: float
 
 
 def source_dir(explicit: str | None = None) -> Path:

@@ -11,7 +11,7 @@ that died, disappears at once.
 from __future__ import annotations
 
 import os
-from collections import namedtuple
+from typing import NamedTuple
 
 from runtime_hook import ledger
 from runtime_hook.contract import (
@@ -28,10 +28,8 @@ from runtime_hook.node_state import ACCOUNT_DIR, StateDir, process_start_time
 _ACCOUNT_NAME = os.path.basename(ACCOUNT_PATH)
 _MAX_LIMITS = 64 << 10
 
-_FIELDS = "namespace pod container memory cores devices account pid start_time"
 
-
-class Workload(namedtuple("Workload", _FIELDS)):
+class Workload(NamedTuple):
     """One container, or one vcuda-run command, held to limits by the shim.
 
     Its labels (``namespace``, ``pod``, ``container``; a command has only
@@ -40,7 +38,15 @@ class Workload(namedtuple("Workload", _FIELDS)):
     path of its ``account``, and its first process (``pid``, ``start_time``).
     """
 
-    __slots__ = ()
+    namespace: str
+    pod: str
+    container: str
+    memory: int
+    cores: int
+    devices: tuple[str, ...]
+    account: str
+    pid: int
+    start_time: int
 
 
 def containers(host_root: str, state_dir: str, problems: Problems) -> list[Workload]:

@@ -61,16 +61,17 @@ def main(argv: Sequence[str] | None = None, clock: Clock | None = None) -> int:
     issuing = Issuing(namespace, args.secret, dns_names, ca_validity, serving_validity)
     clock = clock or SystemClock()
     try:
-        cluster: Reader = Cluster(_api_client(args.kubeconfig),
-                                  Target(namespace, args.secret, args.webhook_config), clock.sleep)
+        real = Cluster(_api_client(args.kubeconfig),
+                       Target(namespace, args.secret, args.webhook_config), clock.sleep)
+        cluster: Reader = real
         if args.dry_run:  # nothing is written, so nothing needs to settle: no sleeping either
-            cluster, clock, max_wait = DryRun(cluster), _NoSleep(clock), timedelta(0)
+            cluster, clock, max_wait = DryRun(real), _NoSleep(clock), timedelta(0)
         outcome = run(cluster, clock, policy, issuing, log, max_wait=max_wait.total_seconds())
     except ClusterError as error:
         log.error("failed", error=str(error))
         return 1
-    log.info("finished", steps=list(outcome.steps),
-             next_step_at=getattr(outcome.last, "until", None) and outcome.last.until.isoformat())
+    until = getattr(outcome.last, "until", None)  # a Wait's
+    log.info("finished", steps=list(outcome.steps), next_step_at=until and until.isoformat())
     return 0
 
 

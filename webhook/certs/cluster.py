@@ -69,14 +69,15 @@ class Cluster:
         """Create the webhook Secret; `Conflict` if it exists already."""
         t = self.target
         return self._call("create", "secrets", t.secret,
-                          lambda: self._core.create_namespaced_secret(t.namespace, dict(secret)))
+                          lambda: self._core.create_namespaced_secret(
+                              t.namespace, dict(secret)))  # type: ignore[arg-type]  # as JSON
 
     def replace_secret(self, secret: Mapping[str, Any]) -> dict[str, Any]:
         """Replace the webhook Secret; `Conflict` if its resourceVersion is stale."""
         t = self.target
         return self._call("update", "secrets", t.secret,
-                          lambda: self._core.replace_namespaced_secret(t.secret, t.namespace,
-                                                                       dict(secret)))
+                          lambda: self._core.replace_namespaced_secret(
+                              t.secret, t.namespace, dict(secret)))  # type: ignore[arg-type]
 
     def read_webhook_config(self) -> dict[str, Any]:
         """The MutatingWebhookConfiguration; a `ClusterError` if it is missing."""

@@ -13,7 +13,6 @@ from typing import Any
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.x509.oid import ExtensionOID
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
@@ -199,7 +198,7 @@ def _serving(bundle: tuple[Ca, ...], cert_pem: bytes | None,
     except (ValueError, TypeError):
         return None, f"{TLS_CERT} or {TLS_KEY} is unreadable"
     try:
-        san = certificate.extensions.get_extension_for_oid(ExtensionOID.SUBJECT_ALTERNATIVE_NAME)
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
         names = frozenset(san.value.get_values_for_type(x509.DNSName))
     except x509.ExtensionNotFound:
         names = frozenset()
