@@ -88,8 +88,9 @@ def install(options: Options, log: logging.Logger) -> list[str]:
         python = _node_python(source)
         main_config = root.read_text(CONTAINERD_CONFIG) if runtime == "containerd" else None
         edited = None
-        if main_config is not None and not runtime_config.imports_drop_in(main_config):
-            edited = runtime_config.add_import(main_config)
+        if main_config is not None:
+            edited = runtime_config.edit_containerd_config(main_config, source,
+                                                           options.host_root)
     except ConfigError as exc:
         raise InstallError(str(exc)) from None
     library = _library(options.library)
@@ -276,8 +277,8 @@ def _remove(root: _Root, record: _Record, removed: list[str]) -> bool:
     for path in record.edits:
         root.remove(host_files.temp_path(path))  # a crash's leftover
         text = root.read_text(path)
-        if text is not None and runtime_config.has_added_import(text):
-            host_files.write_file(root.path(path), runtime_config.remove_import(text).encode(),
+        if text is not None and runtime_config.has_added_lines(text):
+            host_files.write_file(root.path(path), runtime_config.remove_added_lines(text).encode(),
                                   root.mode(path))
             removed.append(path)
             runtime_changed = True
@@ -289,7 +290,7 @@ def _remove(root: _Root, record: _Record, removed: list[str]) -> bool:
 
 
 def _has_edit(config: str | None) -> bool:
-    return config is not None and runtime_config.has_added_import(config)
+    return config is not None and runtime_config.has_added_lines(config)
 
 
 def _library(explicit: str | None) -> bytes:

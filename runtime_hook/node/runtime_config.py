@@ -1,17 +1,30 @@
 """The container runtime's part of the install: which runtime the node has, and the files that
 give it the ``vcuda`` handler, taken from ``manifests/node/``.
 
-The files there are the source: containerd's drop-in and CRI-O's
-configuration are copied as they are, and the hook entries (containerd's
-base spec, CRI-O's hooks.d files) are copied with only the node paths and
-flags of this install put in. containerd reads a drop-in only when its main
-``config.toml`` imports it: when that file has no ``imports``, one line is
-added (marked, so that uninstall removes exactly it).
+The files there are the source: CRI-O's configuration is copied as it is,
+and the hook entries (containerd's base spec, CRI-O's hooks.d files) are
+copied with only the node paths and flags of this install put in.
+containerd's handler takes the node's cgroup driver (``SystemdCgroup`` of its
+default runtime) and goes where that containerd reads it:
+
+- containerd 2.x (configuration version 3) merges imported files key by key:
+  the handler is a drop-in, and a main ``config.toml`` without ``imports``
+  gets one line importing it;
+- containerd 1.6 and 1.7 (version 2) let an imported file replace a plugin's
+  whole section, so a drop-in would wipe the node's own CRI settings (its
+  sandbox image, its ``runc`` runtime): the handler's lines are added to
+  ``config.toml`` itself, with containerd's built-in ``runc`` runtime written
+  out when the file configures no runtime (the first one configured replaces
+  the built-in ones).
+
+Every line added to ``config.toml`` carries a mark, so that uninstall removes
+exactly those lines.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import glob
 import json
 import os
 import re
@@ -28,8 +41,11 @@ CONTAINERD_DROP_IN = "/etc/containerd/conf.d/vcuda.toml"
 CRIO_CONF = "/etc/crio/crio.conf.d/90-vcuda.conf"
 CRIO_HOOKS_DIR = "/etc/containers/oci/hooks.d"
 _CONTAINERD_FILES = {2: "containerd-1.7-vcuda.toml", 3: "containerd-2-vcuda.toml"}
+_CRI_PLUGINS = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 _CRIO_HOOKS = ("crio-vcuda-prestart.json", "crio-vcuda-poststop.json")
-_IMPORT_MARK = "# added by vcuda-node install; vcuda-node uninstall removes this line"
+_DEFAULT_RUNC = ('[plugins."{plugin}".containerd.runtimes.runc]\n'
+                 '  runtime_type = "io.containerd.runc.v2"')
+_MARK = "# added by vcuda-node install; vcuda-node uninstall removes this line"
 _SHARE = "/usr/local/share/vcuda/node"  # where the image keeps manifests/node
 _CHECKOUT = Path(__file__).resolve().parents[2] / "manifests" / "node"
 
@@ -73,22 +89,74 @@ def detect(host_root: str) -> str:
 
 
 def files(runtime: str, host_root: str, source: Path, hook: HookCommand) -> dict[str, bytes]:
-    """The runtime's files of this install, by host path."""
+    """The runtime's files of this install, by host path (containerd's ``config.toml`` aside:
+    see :func:`edit_containerd_config`)."""
     if runtime == "containerd":
-        version = containerd_version(_read_text(host_root, CONTAINERD_CONFIG))
+        config = _read_text(host_root, CONTAINERD_CONFIG)
+        if config is None:
+            raise ConfigError(f"containerd has no {CONTAINERD_CONFIG}: create it with 'containerd "
+                              f"config default > {CONTAINERD_CONFIG}', then install again")
+        version = containerd_version(config)
         spec = json.loads((source / "base-runtime-spec.json").read_text())
         spec["hooks"] = {stage: [render_hook(h, hook) for h in entries]
                          for stage, entries in spec["hooks"].items()}
-        return {
-            BASE_SPEC: _json(spec),
-            CONTAINERD_DROP_IN: (source / _CONTAINERD_FILES[version]).read_bytes(),
-        }
+        found = {BASE_SPEC: _json(spec)}
+        if version == 3:
+            found[CONTAINERD_DROP_IN] = handler(source, config).encode()
+        return found
     found = {CRIO_CONF: (source / "crio-vcuda.conf").read_bytes()}
     for name in _CRIO_HOOKS:
         document = json.loads((source / name).read_text())
         document["hook"] = render_hook(document["hook"], hook)
         found[f"{CRIO_HOOKS_DIR}/{name}"] = _json(document)
     return found
+
+
+def handler(source: Path, config: str) -> str:
+    """``manifests/node``'s containerd handler for the main configuration text ``config``, with
+    the cgroup driver of the node's default runtime."""
+    version = containerd_version(config)
+    text = (source / _CONTAINERD_FILES[version]).read_text()
+    systemd = "true" if _systemd_cgroup(_toml(config), version) else "false"
+    rendered = re.sub(r"(?m)^(\s*SystemdCgroup\s*=\s*)\S+", rf"\g<1>{systemd}", text)
+    if _vcuda_runtime(_toml(rendered), version) is None:  # a bug in manifests/node, not the node
+        raise ConfigError(f"{_CONTAINERD_FILES[version]} has no vcuda runtime for containerd")
+    return rendered
+
+
+def edit_containerd_config(config: str, source: Path, host_root: str) -> str | None:
+    """containerd's main configuration text as install leaves it, or None if it needs no change.
+
+    Version 2 gets the handler's lines (each marked), replacing those an
+    earlier install added; version 3 gets a line importing the drop-in when
+    its ``imports`` do not cover it already.
+    """
+    version = containerd_version(config)
+    if version == 3:
+        return None if imports_drop_in(config) else _add_import(config)
+    own = remove_added_lines(config)
+    _refuse_imported_cri_settings(own, host_root)
+    expected = _toml(own)
+    if _vcuda_runtime(expected, version) is not None:
+        raise ConfigError(f"{CONTAINERD_CONFIG} already has a vcuda runtime that vcuda-node did "
+                          "not add: remove it, then install again")
+    text = handler(source, config)
+    lines = [line for line in text.splitlines()
+             if line.strip() and not line.lstrip().startswith("#")
+             and not re.match(r"\s*version\s*=", line)]
+    runtimes = _runtimes(expected, version)
+    if not runtimes:
+        # containerd's built-in runc runtime exists only while no runtime is configured: keep it.
+        lines[:0] = _DEFAULT_RUNC.format(plugin=_CRI_PLUGINS[version]).splitlines()
+        runtimes["runc"] = {"runtime_type": "io.containerd.runc.v2"}
+    runtimes["vcuda"] = _vcuda_runtime(_toml(text), version)
+    block = "".join(f"{line}  {_MARK}\n" for line in lines)
+    edited = own + ("" if own.endswith("\n") or not own else "\n") + block
+    if _toml(edited) != expected:
+        raise ConfigError(f"{CONTAINERD_CONFIG} could not be given the vcuda runtime (its last "
+                          "table takes the added lines): add the vcuda runtime by hand from "
+                          f"{_CONTAINERD_FILES[version]}, then install again")
+    return None if edited == config else edited
 
 
 def render_hook(entry: dict, hook: HookCommand) -> dict:
@@ -110,15 +178,12 @@ def render_hook(entry: dict, hook: HookCommand) -> dict:
     return {**entry, "args": moved}
 
 
-def containerd_version(config: str | None) -> int:
+def containerd_version(config: str) -> int:
     """The version (2 or 3) of containerd's main configuration text."""
-    if config is None:
-        raise ConfigError(f"containerd has no {CONTAINERD_CONFIG}: create it with "
-                          f"'containerd config default > {CONTAINERD_CONFIG}', then install again")
     version = _toml(config).get("version", 1)
     if version not in _CONTAINERD_FILES:
         raise ConfigError(f"{CONTAINERD_CONFIG} has configuration version {version}; vcuda "
-                          "supports 2 (containerd 1.7) and 3 (containerd 2.x)")
+                          "supports 2 (containerd 1.6 and 1.7) and 3 (containerd 2.x)")
     return version
 
 
@@ -131,12 +196,30 @@ def imports_drop_in(config: str) -> bool:
     )
 
 
-def add_import(config: str) -> str:
+def _refuse_imported_cri_settings(config: str, host_root: str) -> None:
+    """ConfigError if a file that version-2 ``config`` imports configures the CRI plugin: that
+    section would replace the main file's, vcuda's runtime with it."""
+    base = os.path.dirname(CONTAINERD_CONFIG)
+    for pattern in _toml(config).get("imports", []):
+        pattern = os.path.join(base, pattern).lstrip("/")
+        for match in sorted(glob.glob(os.path.join(host_root, pattern))):
+            imported = "/" + os.path.relpath(match, host_root)
+            if imported == CONTAINERD_DROP_IN:  # an earlier vcuda's drop-in, removed by this one
+                continue
+            if _CRI_PLUGINS[2] in _toml(_read_text(host_root, imported) or "",
+                                        imported).get("plugins", {}):
+                raise ConfigError(
+                    f"{imported}, imported by {CONTAINERD_CONFIG}, configures the CRI plugin, "
+                    f"which then replaces all of {CONTAINERD_CONFIG}'s CRI settings (containerd "
+                    "1.x): keep the CRI settings in one file, then install again")
+
+
+def _add_import(config: str) -> str:
     """``config`` with a marked line importing the drop-in; ConfigError if it has ``imports``."""
     if "imports" in _toml(config):
         raise ConfigError(f"{CONTAINERD_CONFIG} has an imports list without "
                           f"{CONTAINERD_DROP_IN}: add it there, then install again")
-    line = f"imports = [{json.dumps(CONTAINERD_DROP_IN)}]  {_IMPORT_MARK}\n"
+    line = f"imports = [{json.dumps(CONTAINERD_DROP_IN)}]  {_MARK}\n"
     lines = config.splitlines(keepends=True)
     # Top-level keys must come before the first table: right after `version`, or first.
     at = next((i + 1 for i, text in enumerate(lines) if re.match(r"\s*version\s*=", text)), 0)
@@ -149,17 +232,36 @@ def add_import(config: str) -> str:
     return edited
 
 
-def remove_import(config: str) -> str:
-    """``config`` without the line :func:`add_import` added."""
-    return "".join(line for line in config.splitlines(keepends=True) if _IMPORT_MARK not in line)
+def remove_added_lines(config: str) -> str:
+    """``config`` without the lines install added."""
+    return "".join(line for line in config.splitlines(keepends=True) if _MARK not in line)
 
 
-def has_added_import(config: str) -> bool:
-    """Whether ``config`` holds the line :func:`add_import` adds."""
-    return _IMPORT_MARK in config
+def has_added_lines(config: str) -> bool:
+    """Whether ``config`` holds lines install added."""
+    return _MARK in config
 
 
-def _toml(text: str) -> dict:
+def _runtimes(config: dict, version: int) -> dict:
+    """The CRI plugin's ``containerd.runtimes`` table of a parsed configuration (made if absent)."""
+    plugin = config.setdefault("plugins", {}).setdefault(_CRI_PLUGINS[version], {})
+    return plugin.setdefault("containerd", {}).setdefault("runtimes", {})
+
+
+def _vcuda_runtime(config: dict, version: int) -> dict | None:
+    plugin = config.get("plugins", {}).get(_CRI_PLUGINS[version], {})
+    return plugin.get("containerd", {}).get("runtimes", {}).get("vcuda")
+
+
+def _systemd_cgroup(config: dict, version: int) -> bool:
+    """Whether the node's default runtime uses the systemd cgroup driver (containerd's default:
+    no)."""
+    plugin = config.get("plugins", {}).get(_CRI_PLUGINS[version], {}).get("containerd", {})
+    default = plugin.get("runtimes", {}).get(plugin.get("default_runtime_name", "runc"), {})
+    return bool(default.get("options", {}).get("SystemdCgroup", False))
+
+
+def _toml(text: str, path: str = CONTAINERD_CONFIG) -> dict:
     try:
         import tomllib
     except ImportError:  # Python 3.9 and 3.10
@@ -167,7 +269,7 @@ def _toml(text: str) -> dict:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{CONTAINERD_CONFIG} is not valid TOML: {exc}") from None
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
 
 
 def _read_text(host_root: str, path: str) -> str | None:

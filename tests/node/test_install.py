@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from runtime_hook.hook_cli import parse_args
 from runtime_hook.node import hook_files
@@ -17,7 +18,7 @@ NODE_CONFIG = REPO / "manifests" / "node"
 PREFIX = "/usr/local/vcuda"
 HOOK = f"{PREFIX}/python/runtime_hook/oci_hook.py"
 TREE = f"{PREFIX}/python-{hook_files.digest(hook_files.files())}"
-CONTAINERD_FILES = {"/etc/vcuda/base-runtime-spec.json", "/etc/containerd/conf.d/vcuda.toml"}
+MARK = "  # added by vcuda-node install; vcuda-node uninstall removes this line"
 
 
 def _install(node: Node, library: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -44,21 +45,63 @@ def test_install_puts_the_shim_the_hook_and_containerds_handler_on_the_node(
 ) -> None:
     changed = _changed(_install(node, library))
     assert set(changed) == {f"{PREFIX}/lib/libvcuda.so", TREE, f"{PREFIX}/python",
-                            *CONTAINERD_FILES, "/etc/containerd/config.toml"}
+                            "/etc/vcuda/base-runtime-spec.json", "/etc/containerd/config.toml"}
     assert node.path(f"{PREFIX}/lib/libvcuda.so").read_bytes() == library.read_bytes()
     assert os.readlink(node.path(f"{PREFIX}/python")) == Path(TREE).name
-    drop_in = node.path("/etc/containerd/conf.d/vcuda.toml").read_bytes()
-    assert drop_in == (NODE_CONFIG / "containerd-1.7-vcuda.toml").read_bytes()
     # With the default paths, the base spec is manifests/node's, byte for byte.
     spec = node.path("/etc/vcuda/base-runtime-spec.json").read_bytes()
     assert spec == (NODE_CONFIG / "base-runtime-spec.json").read_bytes()
+    # containerd 1.x: the handler goes into config.toml itself (a drop-in would replace the
+    # node's CRI settings); this config names no runtime, so containerd's runc is written out.
     config = node.path("/etc/containerd/config.toml").read_text()
-    assert config.splitlines()[:2] == [
-        "version = 2",
-        'imports = ["/etc/containerd/conf.d/vcuda.toml"]  # added by vcuda-node install; '
-        "vcuda-node uninstall removes this line",
-    ]
+    assert config == 'version = 2\n\n[plugins."io.containerd.cri"]\n' + "".join(
+        f"{line}{MARK}\n" for line in [
+            '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]',
+            '  runtime_type = "io.containerd.runc.v2"',
+            '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.vcuda]',
+            '  runtime_type = "io.containerd.runc.v2"',
+            '  pod_annotations = ["vcuda.io/*"]',
+            '  base_runtime_spec = "/etc/vcuda/base-runtime-spec.json"',
+            '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.vcuda.options]',
+            '  BinaryName = "/usr/bin/nvidia-container-runtime"',
+            "  SystemdCgroup = false",
+        ])
+    assert not node.path("/etc/containerd/conf.d").exists()
     assert node.restarts() == ["restart containerd"]
+
+
+def test_a_containerd_1_node_keeps_its_cri_settings_and_its_cgroup_driver(
+    node: Node, library: Path
+) -> None:
+    own = ('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:9"\n'
+           '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+           '  runtime_type = "io.containerd.runc.v2"\n'
+           '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+           "  SystemdCgroup = true\n")
+    node.write("/etc/containerd/config.toml", own)
+    _ok(_install(node, library))
+    config = node.path("/etc/containerd/config.toml").read_text()
+    assert config.startswith(own)
+    cri = tomllib.loads(config)["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == "pause:9"
+    runtimes = cri["containerd"]["runtimes"]
+    assert set(runtimes) == {"runc", "vcuda"}
+    assert runtimes["runc"] == tomllib.loads(own)["plugins"]["io.containerd.grpc.v1.cri"][
+        "containerd"]["runtimes"]["runc"]
+    assert runtimes["vcuda"]["options"] == {
+        "BinaryName": "/usr/bin/nvidia-container-runtime", "SystemdCgroup": True}
+    _ok(node.run("uninstall"))
+    assert node.path("/etc/containerd/config.toml").read_text() == own
+
+
+def test_an_install_over_an_earlier_one_replaces_its_lines_in_config_toml(
+    node: Node, library: Path
+) -> None:
+    _ok(_install(node, library))
+    _ok(_install(node, library, "--state-dir", "/run/vcuda-2"))
+    config = node.path("/etc/containerd/config.toml").read_text()
+    assert config.count("runtimes.vcuda]") == 1
+    tomllib.loads(config)  # still one valid document
 
 
 def test_the_node_gets_exactly_the_modules_the_hook_imports(node: Node, library: Path) -> None:
@@ -115,8 +158,10 @@ def test_a_containerd_2_node_gets_the_version_3_drop_in(node: Node, library: Pat
     node.write("/etc/containerd/config.toml",
                'version = 3\nimports = ["/etc/containerd/conf.d/*.toml"]\n')
     changed = _changed(_install(node, library))
-    drop_in = node.path("/etc/containerd/conf.d/vcuda.toml").read_bytes()
-    assert drop_in == (NODE_CONFIG / "containerd-2-vcuda.toml").read_bytes()
+    drop_in = node.path("/etc/containerd/conf.d/vcuda.toml").read_text()
+    # As shipped, with the cgroup driver of the node's runc (containerd's default: cgroupfs).
+    shipped = (NODE_CONFIG / "containerd-2-vcuda.toml").read_text()
+    assert drop_in == shipped.replace("SystemdCgroup = true", "SystemdCgroup = false")
     # Its imports already cover the drop-in: the main config is left alone.
     assert "/etc/containerd/config.toml" not in changed
     assert "vcuda-node" not in node.path("/etc/containerd/config.toml").read_text()
@@ -261,7 +306,7 @@ def test_uninstall_after_a_killed_install_leaves_nothing_of_vcuda(
     tmp_path: Path, library: Path
 ) -> None:
     source = _hook_source(tmp_path, "only")
-    for kill_at in (1, 3, 5, 7):
+    for kill_at in (1, 3, 5, 6):
         fake = make_node(tmp_path / f"node-{kill_at}")
         fake.write("/etc/containerd/config.toml", "version = 2\n")
         pristine = _comparable(fake.tree())
@@ -296,8 +341,14 @@ def test_a_node_without_python3_is_refused_before_the_runtime_is_touched(
     [
         (None, "containerd has no /etc/containerd/config.toml: create it with"),
         ("version = 1\n", "has configuration version 1; vcuda supports 2"),
-        ("version = 2\nimports = ['/etc/other.toml']\n", "has an imports list without "
+        ("version = 3\nimports = ['/etc/other.toml']\n", "has an imports list without "
          "/etc/containerd/conf.d/vcuda.toml: add it there"),
+        ("version = 2\nimports = ['conf.d/*.toml']\n", "/etc/containerd/conf.d/cri.toml, "
+         "imported by /etc/containerd/config.toml, configures the CRI plugin, which then replaces "
+         "all of /etc/containerd/config.toml's CRI settings (containerd 1.x): keep the CRI "
+         "settings in one file"),
+        ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.vcuda]\n',
+         "/etc/containerd/config.toml already has a vcuda runtime that vcuda-node did not add"),
         ("version = [2\n", "/etc/containerd/config.toml is not valid TOML"),
     ],
 )
@@ -308,6 +359,8 @@ def test_a_containerd_config_it_cannot_use_is_refused_with_what_to_do(
         node.path("/etc/containerd/config.toml").unlink()
     else:
         node.write("/etc/containerd/config.toml", config)
+    node.write("/etc/containerd/conf.d/cri.toml",
+               '[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:9"\n')
     before = node.tree()
     _fails(_install(node, library), message)
     assert node.tree() == before  # refused before the first write

@@ -1,0 +1,90 @@
+"""The test images, built here as an OCI image layout in a tar: nothing is downloaded.
+
+Both images are one layer of busybox-static (``/bin/busybox`` and a link per
+applet): ``PAUSE`` is the pod sandbox image (it sleeps until killed, as
+Kubernetes' pause does), ``BUSYBOX`` the workload image. ``ctr images
+import`` reads the tar; the image names come from each manifest's
+``io.containerd.image.name`` annotation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import platform
+import tarfile
+from pathlib import Path
+
+from runtime_hook.busybox_root import BUSYBOX
+
+PAUSE = "localhost/vcuda-test/pause:1"
+BUSYBOX_IMAGE = "localhost/vcuda-test/busybox:1"
+_APPLETS = ("sh", "sleep", "cat", "echo", "ls", "grep", "mount", "umount", "rm", "mv", "true")
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+_IMAGES = {PAUSE: {"Entrypoint": ["/bin/sleep", "2147483647"]}, BUSYBOX_IMAGE: {"Cmd": ["sh"]}}
+
+
+def write_images(path: Path) -> Path:
+    """Write the OCI layout tar of ``PAUSE`` and ``BUSYBOX_IMAGE`` to ``path``; return it."""
+    blobs: dict[str, bytes] = {}
+
+    def blob(data: bytes, media_type: str, **extra: object) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"mediaType": media_type, "digest": digest, "size": len(data), **extra}
+
+    layer = _layer()
+    platform_ = {"architecture": _ARCH.get(platform.machine(), platform.machine()), "os": "linux"}
+    diff_id = f"sha256:{hashlib.sha256(layer).hexdigest()}"
+    manifests = []
+    for name, config in _IMAGES.items():
+        image_config = {
+            **platform_,
+            "config": {"Env": ["PATH=/bin"], **config},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        }
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": blob(_json(image_config), "application/vnd.oci.image.config.v1+json"),
+            "layers": [blob(layer, "application/vnd.oci.image.layer.v1.tar")],
+        }
+        manifests.append(blob(
+            _json(manifest), manifest["mediaType"], platform=platform_,
+            annotations={"io.containerd.image.name": name,
+                         "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]},
+        ))
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+             "manifests": manifests}
+    with tarfile.open(path, "w") as out:
+        _add(out, "oci-layout", _json({"imageLayoutVersion": "1.0.0"}))
+        _add(out, "index.json", _json(index))
+        for digest, data in blobs.items():
+            _add(out, "blobs/sha256/" + digest.split(":", 1)[1], data)
+    return path
+
+
+def _layer() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as out:
+        for directory in ("bin", "etc", "tmp", "proc", "sys", "dev", "run"):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
+            out.addfile(info)
+        _add(out, "bin/busybox", Path(BUSYBOX).read_bytes(), 0o755)
+        for applet in _APPLETS:
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
+            out.addfile(info)
+    return buffer.getvalue()
+
+
+def _add(out: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), mode
+    out.addfile(info, io.BytesIO(data))
+
+
+def _json(document: dict) -> bytes:
+    return json.dumps(document, sort_keys=True).encode()

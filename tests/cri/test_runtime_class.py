@@ -1,0 +1,211 @@
+"""The runtime class ``vcuda`` end to end: containerd, driven over CRI as kubelet drives it, on a
+node set up by ``vcuda-node install``, starts pods whose limits reach their containers.
+
+The GPU inventory is made up (two 8 GiB GPUs), as no GPU is needed: the
+hook only reads which GPUs NVIDIA's device plugin gave the container (its
+volume-mounts device list), which the test passes as kubelet passes a device
+plugin's allocation: as container mounts and environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime_hook.contract import ACCOUNT_PATH, Gpu, Limits, render_limits
+from runtime_hook.device_assignment import device_plugin_spec
+from tests.cri.client import CriError, Pod
+from tests.cri.node import LIBRARY, ContainerdNode
+from tests.hook.bundles import limits_annotation
+
+GIB = 1 << 30
+GPUS = [Gpu(f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}", i, 8 * GIB) for i in range(2)]
+SLEEP = ["sleep", "600"]
+PRELOAD = "/usr/local/vcuda/lib/libvcuda.so\n"
+
+
+@pytest.fixture
+def node(cri_node: ContainerdNode) -> ContainerdNode:
+    """The node with the made-up inventory; every test starts with an empty ledger."""
+    cri_node.write_inventory(GPUS)
+    assert cri_node.ledger() == []
+    return cri_node
+
+
+def _limited_pod(node: ContainerdNode, name: str, **limits: tuple[int, int]) -> Pod:
+    return node.cri.run_pod(name, limits_annotation(**limits))
+
+
+def _on_gpu(index: int) -> dict[str, dict[str, str]]:
+    """The options of a container that NVIDIA's device plugin gave GPU ``index``."""
+    env, mounts = device_plugin_spec([GPUS[index].uuid])
+    return {"env": dict(e.split("=", 1) for e in env),
+            "mounts": {m["destination"]: m["source"] for m in mounts}}
+
+
+def _read(node: ContainerdNode, container: str, path: str) -> str | None:
+    """The file at ``path`` in the running container, or None when it has none."""
+    answer = node.cri.exec(container, "cat", path)
+    return answer.stdout.decode() if answer.exit_code == 0 else None
+
+
+def _hooked(node: ContainerdNode, container: str) -> bool:
+    """Whether anything of vcuda is in the container: limits, preload line or library."""
+    paths = ("/etc/vcuda/limits", "/etc/ld.so.preload", "/usr/local/vcuda/lib/libvcuda.so")
+    return any(_read(node, container, path) is not None for path in paths)
+
+
+def _wait_for_ledger(node: ContainerdNode, expected: list[str], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while node.ledger() != sorted(expected) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert node.ledger() == sorted(expected)
+
+
+def test_a_limited_container_sees_the_library_its_read_only_limits_and_the_preload_line(
+    node: ContainerdNode,
+) -> None:
+    pod = _limited_pod(node, "train", worker=(30, 2 * GIB))
+    worker = node.cri.run(pod, "worker", SLEEP, **_on_gpu(1))
+    assert _read(node, worker, "/etc/vcuda/limits") == render_limits(
+        Limits(memory=2 * GIB, cores=30, devices=(GPUS[1].uuid,), account=ACCOUNT_PATH))
+    assert _read(node, worker, "/etc/ld.so.preload") == PRELOAD
+    library = node.cri.exec(worker, "cat", "/usr/local/vcuda/lib/libvcuda.so")
+    assert library.stdout == LIBRARY.read_bytes()
+    assert node.ledger() == [worker]
+
+
+@pytest.mark.parametrize("attempt", [
+    "echo cores=100 > /etc/vcuda/limits",
+    "echo > /etc/ld.so.preload",
+    "rm /etc/vcuda/limits",
+    "mv /etc/ld.so.preload /tmp/preload",
+    "umount /etc/vcuda/limits",
+    "umount /etc/ld.so.preload",
+    "mount -o remount,rw /etc/vcuda/limits",
+    "echo x > /usr/local/vcuda/lib/libvcuda.so",
+])
+def test_a_limited_container_cannot_change_its_limits_or_the_preload_line(
+    node: ContainerdNode, attempt: str
+) -> None:
+    pod = _limited_pod(node, "train", worker=(30, 2 * GIB))
+    worker = node.cri.run(pod, "worker", SLEEP, **_on_gpu(0))
+    limits = _read(node, worker, "/etc/vcuda/limits")
+    answer = node.cri.exec(worker, "sh", "-c", attempt)
+    assert answer.exit_code != 0, answer.stdout
+    assert re.search(rb"(?i)read-only file system|not permitted|resource busy|permission denied",
+                     answer.stderr), answer.stderr
+    assert _read(node, worker, "/etc/vcuda/limits") == limits
+    assert _read(node, worker, "/etc/ld.so.preload") == PRELOAD
+
+
+def test_a_second_container_of_the_pod_without_an_entry_is_untouched(node: ContainerdNode) -> None:
+    pod = _limited_pod(node, "train", worker=(30, 2 * GIB))
+    worker = node.cri.run(pod, "worker", SLEEP, **_on_gpu(0))
+    sidecar = node.cri.run(pod, "sidecar", SLEEP, **_on_gpu(0))
+    assert not _hooked(node, sidecar)
+    assert _hooked(node, worker)
+    assert node.ledger() == [worker]
+
+
+def test_the_pod_sandbox_container_is_not_hooked(node: ContainerdNode) -> None:
+    pod = _limited_pod(node, "train", worker=(30, 2 * GIB))
+    node.cri.run(pod, "worker", SLEEP, **_on_gpu(0))
+    pause = node.cri.sandbox_pid(pod)
+    mounts = Path(f"/proc/{pause}/mountinfo").read_text()
+    assert not {"/etc/vcuda", "/etc/ld.so.preload", "/run/vcuda"} & {
+        line.split()[4] for line in mounts.splitlines()}
+    assert pod.id not in node.ledger()
+
+
+def test_a_pod_without_runtime_handler_vcuda_is_untouched_whatever_its_annotations(
+    node: ContainerdNode,
+) -> None:
+    pod = node.cri.run_pod("plain", limits_annotation(worker=(30, 2 * GIB)), handler="")
+    worker = node.cri.run(pod, "worker", SLEEP, **_on_gpu(0))
+    assert not _hooked(node, worker)
+    assert node.ledger() == []
+
+
+def test_stopping_a_container_releases_its_memory_and_removing_it_keeps_the_ledger_right(
+    node: ContainerdNode,
+) -> None:
+    pod = _limited_pod(node, "train", worker=(30, 6 * GIB))
+    worker = node.cri.run(pod, "worker", SLEEP, **_on_gpu(0))
+    assert node.ledger() == [worker]
+    node.cri.stop(worker)
+    _wait_for_ledger(node, [])  # poststop ran when containerd deleted the stopped task
+    node.cri.remove(worker)
+    assert node.ledger() == []
+    # What was released can be given out again: 6 GiB of the 8 fits once more.
+    again = node.cri.run(_limited_pod(node, "next", worker=(30, 6 * GIB)), "worker", SLEEP,
+                         **_on_gpu(0))
+    assert node.ledger() == [again]
+
+
+def test_removing_a_pod_releases_the_memory_of_its_running_containers(node: ContainerdNode) -> None:
+    pod = _limited_pod(node, "train", a=(30, 2 * GIB), b=(20, 1 * GIB))
+    started = [node.cri.run(pod, name, SLEEP, **_on_gpu(0)) for name in ("a", "b")]
+    assert node.ledger() == sorted(started)
+    node.cri.remove_pod(pod)
+    assert node.ledger() == []
+
+
+def test_a_container_restarted_in_the_same_sandbox_gets_its_limits_again(
+    node: ContainerdNode,
+) -> None:
+    pod = _limited_pod(node, "train", worker=(30, 2 * GIB))
+    show = ["sh", "-c", "cat /etc/vcuda/limits /etc/ld.so.preload; exit 3"]
+    first = node.cri.run(pod, "worker", show, **_on_gpu(0))
+    assert node.cri.wait_exited(first).exit_code == 3
+    _wait_for_ledger(node, [])
+    # kubelet restarts it: the next attempt, a new container in the same sandbox.
+    second = node.cri.run(pod, "worker", show, **_on_gpu(0), attempt=1)
+    assert node.cri.wait_exited(second).exit_code == 3
+    expected = render_limits(Limits(memory=2 * GIB, cores=30, devices=(GPUS[0].uuid,),
+                             account=ACCOUNT_PATH)) + PRELOAD
+    assert node.cri.output(pod, "worker", 0) == expected
+    assert node.cri.output(pod, "worker", 1) == expected
+
+
+def test_overcommit_of_a_gpu_is_refused_with_the_hooks_message_in_the_cri_error(
+    node: ContainerdNode,
+) -> None:
+    first = node.cri.run(_limited_pod(node, "big", worker=(50, 6 * GIB)), "worker", SLEEP,
+                         **_on_gpu(0))
+    pod = _limited_pod(node, "late", worker=(30, 4 * GIB))
+    refused = node.cri.create(pod, "worker", SLEEP, **_on_gpu(0))
+    with pytest.raises(CriError) as caught:
+        node.cri.start(refused)
+    message = (f"vcuda-hook: container default/late/worker ({refused[:12]}): GPU {GPUS[0].uuid} "
+               "(index 0) has 2.00 GiB")
+    [line] = [line for line in caught.value.details.splitlines() if "vcuda-hook:" in line]
+    assert message in line and "this container asks for 4.00 GiB" in line, line
+    assert node.cri.status(refused).state != 1  # never ran
+    assert node.ledger() == [first]
+    # The other GPU has room: the same request placed there starts.
+    other = node.cri.run(_limited_pod(node, "moved", worker=(30, 4 * GIB)), "worker", SLEEP,
+                         **_on_gpu(1))
+    assert node.ledger() == sorted([first, other])
+
+
+def test_containerd_restarted_while_a_limited_container_runs_leaves_the_ledger_right(
+    node: ContainerdNode,
+) -> None:
+    pod = _limited_pod(node, "train", worker=(30, 2 * GIB), gone=(30, 2 * GIB))
+    worker = node.cri.run(pod, "worker", SLEEP, **_on_gpu(0))
+    gone = node.cri.run(pod, "gone", SLEEP, **_on_gpu(0))
+    gone_pid = node.cri.pid(gone)
+    node.stop_containerd()
+    assert node.ledger() == sorted([worker, gone])  # containerd's stop is not the containers'
+    os.kill(gone_pid, signal.SIGKILL)  # it dies while containerd is down
+    node.start_containerd()
+    _wait_for_ledger(node, [worker])
+    assert _read(node, worker, "/etc/vcuda/limits") is not None
+    node.cri.stop(worker)
+    _wait_for_ledger(node, [])
