@@ -178,7 +178,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--devices",
         default="",
         metavar="UUID,...",
-        help="GPU UUIDs (as nvidia-smi -L prints them) the limits apply to; default: every GPU",
+        help="GPU or MIG UUIDs (as nvidia-smi -L prints them, any case) the limits apply to; "
+        "CMD gets no memory on any other GPU; default: every GPU",
     )
     parser.add_argument(
         "--account",

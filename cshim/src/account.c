@@ -24,6 +24,8 @@ static struct vc_slot *own_slot(struct vc_region *r)
 
 bool vc_account_reserve(int dev, uint64_t bytes, uint64_t limit)
 {
+    if (dev < 0)
+        return bytes == 0;
     struct vc_region *r = vc_region();
     int cancel;
     if (!vc_region_lock(r, &r->lock, &cancel))
@@ -49,7 +51,7 @@ void vc_account_add(int dev, int64_t delta)
 {
     struct vc_region *r = vc_region();
     int cancel;
-    if (delta == 0 || !vc_region_lock(r, &r->lock, &cancel))
+    if (dev < 0 || delta == 0 || !vc_region_lock(r, &r->lock, &cancel))
         return;
     struct vc_slot *slot = own_slot(r);
     if (slot) {
@@ -63,7 +65,7 @@ uint64_t vc_account_used(int dev)
 {
     struct vc_region *r = vc_region();
     int cancel;
-    if (!vc_region_lock(r, &r->lock, &cancel))
+    if (dev < 0 || !vc_region_lock(r, &r->lock, &cancel))
         return 0;
     vc_region_reap_stale(r);
     uint64_t used = vc_region_used(r, dev);

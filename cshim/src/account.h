@@ -5,6 +5,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* Device index -1 is a refused device: nothing is charged there, and only
+ * nothing fits. */
+
 /* Adds bytes on device index dev if the container stays within limit (dead
  * processes are swept first when it would not). */
 bool vc_account_reserve(int dev, uint64_t bytes, uint64_t limit);

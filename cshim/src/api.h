@@ -17,6 +17,7 @@
 #undef cuGetProcAddress
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
+#undef cuGraphInstantiate
 /* CUDA 12.8 headers map this to _v2; the original, in every driver, does what the shim needs. */
 #undef cuEventElapsedTime
 

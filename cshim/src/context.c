@@ -7,6 +7,7 @@
 #include "account.h"
 #include "driver.h"
 #include "log.h"
+#include "memory.h"
 #include "pacer.h"
 #include "setup.h"
 #include "track.h"
@@ -26,7 +27,7 @@ struct vc_context_op {
     bool creates;                     /* a new context comes into being (and is charged) */
     bool locked;                      /* holds the account's context lock */
     bool measured;                    /* before holds NVML's used bytes */
-    uint64_t charged;                 /* size charged if measuring fails */
+    uint64_t charged;                 /* charged up front: the last size measured, else ESTIMATE */
     uint64_t before;
     int cancel;
 };
@@ -68,15 +69,32 @@ static bool device_used(const char *uuid, uint64_t *used)
     return true;
 }
 
+/* Lets go of the context lock and the primary context's creating mark. */
+static void finish(struct vc_context_op *op)
+{
+    if (op->locked) {
+        struct vc_region *r = vc_region();
+        vc_region_unlock(&r->context_lock, op->cancel);
+        op->locked = false;
+    }
+    if (op->primary) {
+        pthread_mutex_lock(&vc_local_lock);
+        primaries[op->ordinal].creating = false;
+        pthread_mutex_unlock(&vc_local_lock);
+    }
+}
+
 /* Starts the creation of a context on dev (primary: retaining the primary
- * context, which creates one only if none is live): measuring begins. */
-static void begin(struct vc_context_op *op, CUdevice dev, bool primary)
+ * context, which creates one only if none is live): a new context is charged
+ * its expected size up front and measuring begins. CUDA_ERROR_OUT_OF_MEMORY
+ * when it does not fit: the driver is not called. */
+static CUresult begin(struct vc_context_op *op, CUdevice dev, bool primary)
 {
     memset(op, 0, sizeof *op);
     op->ordinal = dev;
     op->primary = primary;
     if (dev < 0 || dev >= ORDINALS || !(op->device = vc_device_of(dev)))
-        return;
+        return CUDA_SUCCESS;
     pthread_mutex_lock(&vc_local_lock);
     struct primary *p = &primaries[dev];
     /* Retaining a live primary context only counts a reference. */
@@ -86,10 +104,17 @@ static void begin(struct vc_context_op *op, CUdevice dev, bool primary)
     op->charged = measured_size[dev] ? measured_size[dev] : ESTIMATE;
     pthread_mutex_unlock(&vc_local_lock);
     if (!op->creates)
-        return;
+        return CUDA_SUCCESS;
     struct vc_region *r = vc_region();
     op->locked = vc_region_lock(r, &r->context_lock, &op->cancel);
+    if (vc_memory_charge(op->device, op->charged) != CUDA_SUCCESS) {
+        vc_log(VC_LOG_INFO, "a new context on %s does not fit in the limit: out of memory",
+               op->device->uuid);
+        finish(op);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     op->measured = op->locked && device_used(op->device->uuid, &op->before);
+    return CUDA_SUCCESS;
 }
 
 /* What the new context takes: NVML's figure if plausible, else the last one
@@ -108,8 +133,9 @@ static uint64_t context_size(struct vc_context_op *op)
     return after - op->before;
 }
 
-/* After the driver's call with its result and the context it gave: charges
- * the new context. */
+/* After the driver's call with its result and the context it gave: the
+ * up-front charge becomes the measured size. A context whose measured size
+ * no longer fits is destroyed again and the answer is out of memory. */
 static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context)
 {
     if (!op->device)
@@ -122,26 +148,29 @@ static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context
         return result;
     }
     uint64_t size = ok ? context_size(op) : 0;
-    /* Charged even past the limit, never refused: frameworks treat a failed
-     * context as a broken GPU, while an allocation that then fails is the
-     * out-of-memory error they handle. */
-    if (ok && !vc_account_reserve(op->device->index, size, op->device->limit)) {
-        vc_log(VC_LOG_INFO, "a new context takes the account past its limit on %s",
-               op->device->uuid);
-        vc_account_add(op->device->index, (int64_t)size);
+    int index = op->device->index;
+    if (ok && size > op->charged && !vc_account_reserve(index, size - op->charged,
+                                                        op->device->limit)) {
+        vc_log(VC_LOG_INFO, "a new context on %s takes %llu bytes, past the limit: out of memory",
+               op->device->uuid, (unsigned long long)size);
+        if (op->primary)
+            vc_real_cuDevicePrimaryCtxRelease_v2(op->ordinal);
+        else
+            vc_real_cuCtxDestroy_v2(context);
+        ok = false;
+        result = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (ok && size < op->charged) {
+        vc_account_add(index, -(int64_t)(op->charged - size));
     }
-    if (op->locked) {
-        struct vc_region *r = vc_region();
-        vc_region_unlock(&r->context_lock, op->cancel);
-    }
+    if (!ok)
+        vc_account_add(index, -(int64_t)op->charged);
+    finish(op);
     pthread_mutex_lock(&vc_local_lock);
     if (ok)
         measured_size[op->ordinal] = size;
-    if (op->primary) {
+    if (ok && op->primary) {
         struct primary *p = &primaries[op->ordinal];
-        p->creating = false;
-        if (ok)
-            *p = (struct primary){p->refs + 1, false, context, size};
+        *p = (struct primary){p->refs + 1, false, context, size};
     } else if (ok && ncreated < MAX_CREATED) {
         created[ncreated++] = (struct created){context, op->device, size};
     } else if (ok) {
@@ -217,8 +246,10 @@ static CUresult create(CUcontext *pctx, const void *params, unsigned flags, CUde
                        create_fn call)
 {
     struct vc_context_op op;
-    begin(&op, dev, false);
-    CUresult r = call(pctx, params, flags, dev);
+    CUresult r = begin(&op, dev, false);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = call(pctx, params, flags, dev);
     return end(&op, r, r == CUDA_SUCCESS ? *pctx : NULL);
 }
 
@@ -274,8 +305,10 @@ CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
 CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
     struct vc_context_op op;
-    begin(&op, dev, true);
-    CUresult r = vc_real_cuDevicePrimaryCtxRetain(pctx, dev);
+    CUresult r = begin(&op, dev, true);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real_cuDevicePrimaryCtxRetain(pctx, dev);
     return end(&op, r, r == CUDA_SUCCESS ? *pctx : NULL);
 }
 

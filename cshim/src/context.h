@@ -3,7 +3,8 @@
  * for it) counts against the limit. It is measured as the change in the
  * device's used memory that NVML reports across the driver's call, with
  * context creation serialized across the container's processes. A context
- * is admitted even past the limit (then the next allocation fails).
+ * that does not fit fails with CUDA_ERROR_OUT_OF_MEMORY: what the container
+ * holds on the device never passes the limit.
  */
 #ifndef VC_CONTEXT_H
 #define VC_CONTEXT_H

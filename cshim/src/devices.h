@@ -9,15 +9,21 @@
 #include "limits_file.h"
 
 struct vc_device {
-    int index;                /* in the shared account's device table */
+    int index;                /* in the shared account's device table; -1: refused */
     uint64_t limit;           /* bytes */
-    char uuid[VC_UUID_LEN];
+    unsigned char bytes[16];  /* the UUID */
+    char uuid[VC_UUID_LEN];   /* as NVML prints it */
 };
 
-/* The limited device with this UUID; NULL when limits are off or do not cover it. */
+/* The device with this UUID (GPU-... or MIG-..., any case) under the limits:
+ * a limited one, or, for a device that the limits file does not list (or that
+ * finds the account's device table full), the refused device: index -1,
+ * limit 0, so nothing fits on it, a context there included. NULL only when
+ * limits are off. */
 const struct vc_device *vc_device_by_uuid(const char *uuid);
 
-/* The same for a CUDA device ordinal of this process. */
+/* The same for a CUDA device ordinal of this process (NULL also when the
+ * driver cannot tell its UUID). */
 const struct vc_device *vc_device_of(CUdevice dev);
 
 /* The same for the device of the calling thread's current context. */

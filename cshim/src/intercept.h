@@ -105,8 +105,29 @@
     LAUNCH(cuLaunchCooperativeKernel, VC_LAUNCH_COOPERATIVE_PARAMS, VC_LAUNCH_COOPERATIVE_ARGS)     \
     LAUNCH(cuLaunchCooperativeKernel_ptsz, VC_LAUNCH_COOPERATIVE_PARAMS,                            \
            VC_LAUNCH_COOPERATIVE_ARGS)                                                              \
-    LAUNCH(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))        \
-    LAUNCH(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))   \
+    CU(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))            \
+    CU(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))       \
+    CU(cuGraphUpload, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))            \
+    CU(cuGraphUpload_ptsz, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))       \
+    CU(cuGraphInstantiateWithFlags,                                                                 \
+       (CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags),                        \
+       (phGraphExec, hGraph, flags))                                                                \
+    CU(cuGraphInstantiateWithParams,                                                                \
+       (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams), \
+       (phGraphExec, hGraph, instantiateParams))                                                    \
+    CU(cuGraphInstantiateWithParams_ptsz,                                                           \
+       (CUgraphExec *phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams), \
+       (phGraphExec, hGraph, instantiateParams))                                                    \
+    CU(cuGraphInstantiate,                                                                          \
+       (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,        \
+        size_t bufferSize),                                                                         \
+       (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize))                                   \
+    CU(cuGraphInstantiate_v2,                                                                       \
+       (CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode, char *logBuffer,        \
+        size_t bufferSize),                                                                         \
+       (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize))                                   \
+    CU(cuGraphExecDestroy, (CUgraphExec hGraphExec), (hGraphExec))                                  \
+    CU(cuDeviceGraphMemTrim, (CUdevice device), (device))                                           \
     NVML(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory), (device, memory))    \
     NVML(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t *memory),                \
          (device, memory))
@@ -142,6 +163,15 @@
     CU(cuEventQuery, (CUevent hEvent), (hEvent))                                                    \
     CU(cuEventElapsedTime, (float *pMilliseconds, CUevent hStart, CUevent hEnd),                    \
        (pMilliseconds, hStart, hEnd))                                                               \
+    CU(cuGraphGetNodes, (CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes),                    \
+       (hGraph, nodes, numNodes))                                                                   \
+    CU(cuGraphNodeGetType, (CUgraphNode hNode, CUgraphNodeType *type), (hNode, type))              \
+    CU(cuGraphMemAllocNodeGetParams, (CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out),  \
+       (hNode, params_out))                                                                         \
+    CU(cuGraphChildGraphNodeGetGraph, (CUgraphNode hNode, CUgraph *phGraph), (hNode, phGraph))     \
+    CU(cuGraphMemFreeNodeGetParams, (CUgraphNode hNode, CUdeviceptr *dptr_out), (hNode, dptr_out)) \
+    CU(cuDeviceGetGraphMemAttribute, (CUdevice device, CUgraphMem_attribute attr, void *value),    \
+       (device, attr, value))                                                                       \
     NVML(nvmlInit_v2, (void), ())                                                                   \
     NVML(nvmlDeviceGetHandleByUUID, (const char *uuid, nvmlDevice_t *device), (uuid, device))       \
     NVML(nvmlDeviceGetUUID, (nvmlDevice_t device, char *uuid, unsigned int length),                 \

@@ -3,6 +3,7 @@
 #include <stdint.h>
 
 #include "driver.h"
+#include "graphs.h"
 #include "pacer.h"
 
 /* A 64-bit mix (splitmix64's finalizer). */
@@ -79,12 +80,27 @@ CUresult CUDAAPI cuLaunchKernelEx_ptsz VC_LAUNCH_EX_PARAMS
     PACED(config->hStream, true, CONFIG_KEY, vc_real_cuLaunchKernelEx_ptsz VC_LAUNCH_EX_ARGS);
 }
 
+static CUresult paced_graph_launch(CUgraphExec exec, CUstream stream, bool ptsz)
+{
+    PACED(stream, ptsz, graph_key(exec),
+          ptsz ? vc_real_cuGraphLaunch_ptsz(exec, stream) : vc_real_cuGraphLaunch(exec, stream));
+}
+
+/* Graph launches are wrapped under every memory limit: a graph's first launch
+ * backs its allocation nodes (graphs.h). */
+static CUresult graph_launch(CUgraphExec exec, CUstream stream, bool ptsz)
+{
+    struct vc_graph_op op;
+    CUresult r = vc_graph_begin(&op, exec, stream, ptsz);
+    return r != CUDA_SUCCESS ? r : vc_graph_end(&op, paced_graph_launch(exec, stream, ptsz));
+}
+
 CUresult CUDAAPI cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
 {
-    PACED(hStream, false, graph_key(hGraphExec), vc_real_cuGraphLaunch(hGraphExec, hStream));
+    return graph_launch(hGraphExec, hStream, false);
 }
 
 CUresult CUDAAPI cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 {
-    PACED(hStream, true, graph_key(hGraphExec), vc_real_cuGraphLaunch_ptsz(hGraphExec, hStream));
+    return graph_launch(hGraphExec, hStream, true);
 }

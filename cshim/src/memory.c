@@ -6,6 +6,7 @@
 
 #include "account.h"
 #include "driver.h"
+#include "graphs.h"
 #include "pools.h"
 #include "track.h"
 
@@ -34,6 +35,7 @@ CUresult vc_memory_charge(const struct vc_device *d, uint64_t bytes)
     if (vc_account_reserve(d->index, bytes, d->limit))
         return CUDA_SUCCESS;
     vc_pools_refresh();
+    vc_graphs_refresh();
     return vc_account_reserve(d->index, bytes, d->limit) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -241,6 +243,7 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
 void vc_memory_report(const struct vc_device *d, uint64_t *total, uint64_t *free, uint64_t *used)
 {
     vc_pools_refresh();
+    vc_graphs_refresh();
     *used = vc_account_used(d->index);
     uint64_t limit = d->limit < *total ? d->limit : *total;
     uint64_t left = limit > *used ? limit - *used : 0;

@@ -7,7 +7,7 @@
 #include "api.h"
 #include "devices.h"
 
-/* Charges bytes on d, first crediting what this process's pools gave back.
+/* Charges bytes on d, first crediting what this process's pools and graphs gave back.
  * CUDA_ERROR_OUT_OF_MEMORY when the container's account has no room. */
 CUresult vc_memory_charge(const struct vc_device *d, uint64_t bytes);
 

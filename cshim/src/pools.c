@@ -28,11 +28,28 @@ struct pool {
 static struct pool pools[MAX_POOLS];
 static unsigned npools;
 
+/* A pool's attribute. The driver counts the query as unsafe in a stream
+ * capture (measured: a global-mode capture of the calling thread, or of any
+ * thread, is invalidated): asked in relaxed mode, it never is. */
 static uint64_t attribute(CUmemoryPool pool, CUmemPool_attribute attr, bool *ok)
 {
     cuuint64_t value = 0;
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    vc_real_cuThreadExchangeStreamCaptureMode(&mode);
     *ok = vc_real_cuMemPoolGetAttribute(pool, attr, &value) == CUDA_SUCCESS;
+    vc_real_cuThreadExchangeStreamCaptureMode(&mode);
     return value;
+}
+
+/* Whether stream is capturing: an allocation there becomes a node of the
+ * graph, charged when the graph is launched (graphs.h), and takes nothing
+ * from the pool now. */
+static bool capturing(CUstream stream, bool ptsz)
+{
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = ptsz ? vc_real_cuStreamIsCapturing_ptsz(stream, &status)
+                      : vc_real_cuStreamIsCapturing(stream, &status);
+    return r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* Needs vc_local_lock. */
@@ -78,12 +95,14 @@ static void forget(struct pool *p)
 }
 
 /* Charges what allocating bytes from pool (current: the current device's
- * current pool) may add to the pool's reservation. */
-static CUresult begin(struct vc_pool_op *op, CUmemoryPool pool, bool current, size_t bytes)
+ * current pool) on stream may add to the pool's reservation. */
+static CUresult begin(struct vc_pool_op *op, CUmemoryPool pool, bool current, size_t bytes,
+                      CUstream stream, bool ptsz)
 {
     *op = (struct vc_pool_op){NULL, pool, 0};
     CUdevice dev;
-    if (vc_mode() != VC_ON || (!current && !pool) || vc_real_cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+    if (vc_mode() != VC_ON || (!current && !pool) || vc_real_cuCtxGetDevice(&dev) != CUDA_SUCCESS
+        || capturing(stream, ptsz))
         return CUDA_SUCCESS;
     if (current && vc_real_cuDeviceGetMemPool(&op->pool, dev) != CUDA_SUCCESS)
         return CUDA_SUCCESS;
@@ -179,10 +198,10 @@ static CUresult current_pool_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool 
 /* Charges, allocates through the driver (call), and settles the pool's charge;
  * current: the allocation comes from the current pool, not from pool. */
 static CUresult allocate(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, bool current,
-                         CUstream stream, from_pool_fn call)
+                         CUstream stream, bool ptsz, from_pool_fn call)
 {
     struct vc_pool_op op;
-    CUresult r = begin(&op, pool, current, bytes);
+    CUresult r = begin(&op, pool, current, bytes, stream, ptsz);
     if (r == CUDA_SUCCESS) {
         r = call(dptr, bytes, pool, stream);
         end(&op);
@@ -192,24 +211,24 @@ static CUresult allocate(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, boo
 
 CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return allocate(dptr, bytesize, NULL, true, hStream, current_pool);
+    return allocate(dptr, bytesize, NULL, true, hStream, false, current_pool);
 }
 
 CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return allocate(dptr, bytesize, NULL, true, hStream, current_pool_ptsz);
+    return allocate(dptr, bytesize, NULL, true, hStream, true, current_pool_ptsz);
 }
 
 CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                          CUstream hStream)
 {
-    return allocate(dptr, bytesize, pool, false, hStream, vc_real_cuMemAllocFromPoolAsync);
+    return allocate(dptr, bytesize, pool, false, hStream, false, vc_real_cuMemAllocFromPoolAsync);
 }
 
 CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize,
                                               CUmemoryPool pool, CUstream hStream)
 {
-    return allocate(dptr, bytesize, pool, false, hStream,
+    return allocate(dptr, bytesize, pool, false, hStream, true,
                     vc_real_cuMemAllocFromPoolAsync_ptsz);
 }
 

@@ -7,6 +7,7 @@
 #include "account.h"
 #include "context.h"
 #include "driver.h"
+#include "graphs.h"
 #include "log.h"
 #include "pacer.h"
 #include "pools.h"
@@ -39,6 +40,7 @@ static void after_fork_in_child(void)
     vc_account_forked();
     vc_track_forked();
     vc_pools_forked();
+    vc_graphs_forked();
     vc_contexts_forked();
     vc_pacer_forked();
 }

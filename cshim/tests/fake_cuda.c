@@ -59,7 +59,8 @@ struct pool {
     uint64_t reserved, used, threshold;
 };
 
-enum kind { K_POINTER = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_ASYNC };
+/* K_GRAPH: a graph's allocation that outlives the graph (its memory is the graph memory's). */
+enum kind { K_POINTER = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_ASYNC, K_GRAPH };
 
 struct allocation {
     enum kind kind;                   /* 0: free entry */
@@ -79,6 +80,8 @@ static struct allocation allocations[MAX_ALLOCATIONS];
 static struct pool pools[MAX_POOLS];
 static struct pool *default_pool[FAKE_MAX_DEVICES], *current_pool[FAKE_MAX_DEVICES];
 static uint64_t next_address = 0x7f0000000000ULL, next_handle = 1;
+/* Graph memory of each device (by ordinal): reserved, and kept by live graph allocations. */
+static uint64_t graph_reserved[FAKE_MAX_DEVICES], graph_kept[FAKE_MAX_DEVICES];
 /* The thread's context stack; its top is the current context. */
 #define STACK_DEPTH 16
 static __thread struct context *stack[STACK_DEPTH];
@@ -158,6 +161,8 @@ static void forget_process_state(void)
     memset(pools, 0, sizeof pools);
     memset(default_pool, 0, sizeof default_pool);
     memset(current_pool, 0, sizeof current_pool);
+    memset(graph_reserved, 0, sizeof graph_reserved);
+    memset(graph_kept, 0, sizeof graph_kept);
     depth = 0;
     fake_gpu_forget();
 }
@@ -459,6 +464,8 @@ static void free_allocation(struct allocation *a)
 {
     if (a->kind == K_ASYNC)
         a->pool->used -= a->bytes;   /* stays reserved by the pool */
+    else if (a->kind == K_GRAPH)
+        graph_kept[a->ordinal] -= a->bytes;   /* stays reserved as graph memory */
     else
         give_back(a->ordinal, a->bytes);
     a->kind = 0;
@@ -488,6 +495,8 @@ static CUresult release(enum kind kind, uint64_t handle)
     struct allocation *a = lookup(kind, handle);
     if (!a && kind == K_POINTER)
         a = lookup(K_ASYNC, handle);   /* cuMemFree also frees stream-ordered memory */
+    if (!a && (kind == K_POINTER || kind == K_ASYNC))
+        a = lookup(K_GRAPH, handle);   /* and what a graph allocated */
     if (!a)
         return kind == K_POINTER ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
     free_allocation(a);
@@ -742,11 +751,15 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool)
     return CUDA_SUCCESS;
 }
 
+/* As on the driver, a pool's trim and attribute queries are unsafe in a capture. */
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
     struct pool *p = live_pool(pool);
     if (!p)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = fake_unsafe_call();
+    if (r != CUDA_SUCCESS)
+        return r;
     shrink(p, minBytesToKeep);
     return CUDA_SUCCESS;
 }
@@ -756,6 +769,9 @@ CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void
     struct pool *p = live_pool(pool);
     if (!p || !value)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = fake_unsafe_call();
+    if (r != CUDA_SUCCESS)
+        return r;
     switch (attr) {
     case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
         *(cuuint64_t *)value = p->reserved;
@@ -801,27 +817,47 @@ static CUresult allocate_from(struct pool *p, CUdeviceptr *dptr, size_t bytes)
     return CUDA_SUCCESS;
 }
 
+/* A stream-ordered allocation from p (NULL: the current pool) on stream h:
+ * a node of the graph when the stream captures. */
+static CUresult allocate_async(CUdeviceptr *dptr, size_t bytes, struct pool *p, bool from_current,
+                               CUstream h, bool per_thread_default)
+{
+    CUresult r = need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    bool captured;
+    if ((r = fake_capture_alloc(h, per_thread_default, bytes, dptr, &captured)) != CUDA_SUCCESS
+        || captured)
+        return r;
+    if (from_current)
+        p = current_pool[current->ordinal] ? current_pool[current->ordinal]
+                                           : device_default_pool(current->ordinal);
+    return allocate_from(p, dptr, bytes);
+}
+
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    (void)hStream;
-    CUresult r = need_context();
-    return r != CUDA_SUCCESS ? r : allocate_from(current_pool[current->ordinal]
-                                                     ? current_pool[current->ordinal]
-                                                     : device_default_pool(current->ordinal),
-                                                 dptr, bytesize);
+    return allocate_async(dptr, bytesize, NULL, true, hStream, false);
 }
 
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                  CUstream hStream)
 {
-    (void)hStream;
-    return allocate_from(live_pool(pool), dptr, bytesize);
+    return allocate_async(dptr, bytesize, live_pool(pool), false, hStream, false);
+}
+
+static CUresult free_async(CUdeviceptr dptr, CUstream h, bool per_thread_default)
+{
+    bool captured;
+    CUresult r = fake_capture_free(h, per_thread_default, dptr, &captured);
+    return r != CUDA_SUCCESS || captured ? r : release(K_ASYNC, dptr);
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-    (void)hStream;
-    return release(K_ASYNC, dptr);
+    return free_async(dptr, hStream, false);
 }
 
 /* A synchronization returns what each pool holds beyond its release threshold. */
@@ -834,16 +870,74 @@ void fake_pools_synchronized(void)
 
 PER_THREAD(cuMemAllocAsync)(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
-    return cuMemAllocAsync(dptr, bytesize, hStream);
+    return allocate_async(dptr, bytesize, NULL, true, hStream, true);
 }
 
 PER_THREAD(cuMemAllocFromPoolAsync)(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
                                     CUstream hStream)
 {
-    return cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
+    return allocate_async(dptr, bytesize, live_pool(pool), false, hStream, true);
 }
 
-PER_THREAD(cuMemFreeAsync)(CUdeviceptr dptr, CUstream hStream) { return cuMemFreeAsync(dptr, hStream); }
+PER_THREAD(cuMemFreeAsync)(CUdeviceptr dptr, CUstream hStream)
+{
+    return free_async(dptr, hStream, true);
+}
+
+/* ---- graph memory ---- */
+
+CUresult fake_graph_back(uint64_t transient, const CUdeviceptr *kept, const uint64_t *kept_bytes,
+                         unsigned nkept)
+{
+    CUresult r = need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    int o = current->ordinal;
+    /* As on the driver: a graph whose allocations are still live cannot run again. */
+    for (unsigned i = 0; i < nkept; i++)
+        if (lookup(K_GRAPH, kept[i]))
+            return CUDA_ERROR_INVALID_VALUE;
+    uint64_t keeps = 0;
+    for (unsigned i = 0; i < nkept; i++)
+        keeps += ROUND_UP(kept_bytes[i], GRANULARITY);
+    uint64_t need = graph_kept[o] + keeps + ROUND_UP(transient, GRANULARITY);
+    if (need > graph_reserved[o]) {
+        if ((r = take(o, need - graph_reserved[o])) != CUDA_SUCCESS)
+            return r;
+        graph_reserved[o] = need;
+    }
+    for (unsigned i = 0; i < nkept; i++)
+        record(K_GRAPH, kept[i], ROUND_UP(kept_bytes[i], GRANULARITY), o, current, NULL);
+    graph_kept[o] += keeps;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value)
+{
+    if (!value || !valid_ordinal(device))
+        return ready() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+        /* As measured: the driver reports both alike. */
+        *(cuuint64_t *)value = graph_reserved[device];
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+/* Gives back graph memory that no live allocation keeps. */
+CUresult cuDeviceGraphMemTrim(CUdevice device)
+{
+    if (!valid_ordinal(device))
+        return ready() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    if (graph_reserved[device] > graph_kept[device]) {
+        give_back(device, graph_reserved[device] - graph_kept[device]);
+        graph_reserved[device] = graph_kept[device];
+    }
+    return CUDA_SUCCESS;
+}
 
 
 CUresult cuGetErrorName(CUresult error, const char **pStr)
@@ -975,7 +1069,20 @@ static const struct entry entries[] = {
     PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing_ptsz),
     E("cuGraphGetNodes", 10000, cuGraphGetNodes),
     E("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiate", 10000, cuGraphInstantiate_v2),
     E("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    E("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams),
+    PT("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams_ptsz),
+    E("cuGraphUpload", 11010, cuGraphUpload),
+    PT("cuGraphUpload", 11010, cuGraphUpload_ptsz),
+    E("cuGraphCreate", 10000, cuGraphCreate),
+    E("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    E("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    E("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),
+    E("cuGraphChildGraphNodeGetGraph", 10000, cuGraphChildGraphNodeGetGraph),
+    E("cuGraphMemFreeNodeGetParams", 11040, cuGraphMemFreeNodeGetParams),
+    E("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
+    E("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
     E("cuGraphLaunch", 10000, cuGraphLaunch),
     PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),

@@ -24,7 +24,17 @@
  * while a blocking stream captures invalidates that capture. Querying or
  * synchronizing (streams, events, the context) from a thread whose capture
  * mode forbids it while a capture runs fails with
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures.
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures (as do
+ * a pool's attribute query and trim: fake_cuda.c asks fake_unsafe_call).
+ *
+ * Graph memory follows the driver too (as measured on an H100): a
+ * stream-ordered allocation (or free) in a capturing stream becomes an
+ * allocation (free) node, and cuGraphAddMemAllocNode adds one; nothing is
+ * allocated then. An upload or launch of the executable graph backs its
+ * allocations from the process's graph memory of the device (fake_cuda.c,
+ * fake_graph_back): what the graph frees itself is reused by the next
+ * graph, what it keeps stays until freed, and the reservation only shrinks
+ * at cuDeviceGraphMemTrim.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -48,6 +58,9 @@ CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 #define MAX_STREAMS 256
 #define MAX_EVENTS 8192
 #define MAX_GRAPHS 256
+#define MAX_GRAPH_ALLOCS 16
+/* Where graph allocations' addresses come from (apart from fake_cuda.c's). */
+#define GRAPH_ADDRESSES 0x5f0000000000ULL
 
 struct module {
     bool alive;
@@ -61,8 +74,17 @@ struct function {
 
 struct graph {
     bool alive;
-    unsigned nodes;
+    unsigned nodes;          /* kernels, allocation and free nodes */
     int64_t ns;              /* the nodes run one after another */
+    unsigned nallocs;        /* its first nallocs nodes are allocation nodes */
+    struct graph_alloc {
+        uint64_t bytes;
+        CUdeviceptr address;
+        bool freed;          /* by a free node of the same graph */
+    } alloc[MAX_GRAPH_ALLOCS];
+    bool uploaded;           /* backed by an upload: its next launch is too */
+    unsigned nfrees;         /* the next nfrees nodes are free nodes */
+    CUdeviceptr free[MAX_GRAPH_ALLOCS];
 };
 
 struct stream {
@@ -89,6 +111,7 @@ static struct event events[MAX_EVENTS];
 static struct graph graphs[MAX_GRAPHS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long records_in_capture, records_run;
+static CUdeviceptr next_graph_address = GRAPH_ADDRESSES;
 static __thread struct stream *per_thread;
 static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
@@ -129,6 +152,7 @@ void fake_gpu_forget(void)
     memset(graphs, 0, sizeof graphs);
     streams[0] = (struct stream){.alive = true, .blocking = true};
     records_in_capture = records_run = 0;
+    next_graph_address = GRAPH_ADDRESSES;
     per_thread = NULL;
     pthread_mutex_unlock(&lock);
 }
@@ -194,8 +218,39 @@ static struct graph *new_graph(unsigned nodes, int64_t ns)
 {
     struct graph *g = FREE_ENTRY(graphs);
     if (g)
-        *g = (struct graph){true, nodes, ns};
+        *g = (struct graph){.alive = true, .nodes = nodes, .ns = ns};
     return g;
+}
+
+/* Adds an allocation node of bytes to g; its address in *address. */
+static CUresult add_alloc_node(struct graph *g, uint64_t bytes, CUdeviceptr *address)
+{
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (g->nallocs == MAX_GRAPH_ALLOCS)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *address = next_graph_address;
+    next_graph_address += (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    g->alloc[g->nallocs++] = (struct graph_alloc){bytes, *address, false};
+    g->nodes++;
+    return CUDA_SUCCESS;
+}
+
+/* A graph's node i, as a handle: the graph's index and the node's, plus one each. */
+static CUgraphNode node_handle(const struct graph *g, unsigned i)
+{
+    return (CUgraphNode)(uintptr_t)(((uintptr_t)(g - graphs) + 1) << 16 | (i + 1));
+}
+
+/* The graph and node index a handle names; NULL if none. */
+static struct graph *node_of(CUgraphNode h, unsigned *i)
+{
+    uintptr_t v = (uintptr_t)h;
+    uintptr_t g = (v >> 16) - 1;
+    *i = (unsigned)(v & 0xffff) - 1;
+    if (!v || g >= MAX_GRAPHS || !graphs[g].alive || *i >= graphs[g].nodes)
+        return NULL;
+    return &graphs[g];
 }
 
 /* ---- capture (lock held) ---- */
@@ -238,6 +293,14 @@ static CUresult unsafe_call(void)
         return CUDA_SUCCESS;
     invalidate(false);
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+CUresult fake_unsafe_call(void)
+{
+    pthread_mutex_lock(&lock);
+    CUresult r = unsafe_call();
+    pthread_mutex_unlock(&lock);
+    return r;
 }
 
 /* Where work on s may start: after its own, and the legacy stream and the
@@ -344,6 +407,38 @@ static CUresult submit(CUstream h, bool per_thread_default, int64_t ns)
         s->graph->ns += ns;
     } else if (r == CUDA_SUCCESS) {
         run(s, ns);
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+/* ---- stream-ordered allocation in a capture ---- */
+
+CUresult fake_capture_alloc(CUstream h, bool per_thread_default, uint64_t bytes,
+                            CUdeviceptr *dptr, bool *captured)
+{
+    pthread_mutex_lock(&lock);
+    struct stream *s = stream_of(h, per_thread_default);
+    CUresult r = work_on(s, captured);
+    if (r == CUDA_SUCCESS && *captured)
+        r = add_alloc_node(s->graph, bytes, dptr);
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+CUresult fake_capture_free(CUstream h, bool per_thread_default, CUdeviceptr dptr, bool *captured)
+{
+    pthread_mutex_lock(&lock);
+    struct stream *s = stream_of(h, per_thread_default);
+    CUresult r = work_on(s, captured);
+    if (r == CUDA_SUCCESS && *captured) {
+        struct graph *g = s->graph;
+        for (unsigned i = 0; i < g->nallocs; i++)
+            if (g->alloc[i].address == dptr)
+                g->alloc[i].freed = true;
+        if (g->nfrees < MAX_GRAPH_ALLOCS)
+            g->free[g->nfrees++] = dptr;
+        g->nodes++;
     }
     pthread_mutex_unlock(&lock);
     return r;
@@ -770,7 +865,7 @@ CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
     struct graph *g = graph_of(hGraph);
     if (g && nodes)
         for (size_t i = 0; i < *numNodes && i < g->nodes; i++)
-            nodes[i] = (CUgraphNode)(uintptr_t)(i + 1);
+            nodes[i] = node_handle(g, (unsigned)i);
     if (g)
         *numNodes = g->nodes;
     pthread_mutex_unlock(&lock);
@@ -784,9 +879,11 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
     if (!phGraphExec)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
-    struct graph *g = graph_of(hGraph), *exec = g ? new_graph(g->nodes, g->ns) : NULL;
-    if (exec)
+    struct graph *g = graph_of(hGraph), *exec = g ? new_graph(0, 0) : NULL;
+    if (exec) {
+        *exec = *g;
         *phGraphExec = (CUgraphExec)exec;
+    }
     pthread_mutex_unlock(&lock);
     return exec ? CUDA_SUCCESS : g ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
 }
@@ -805,18 +902,154 @@ CUresult cuGraphDestroy(CUgraph hGraph) { return destroy_graph(hGraph); }
 
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) { return destroy_graph(hGraphExec); }
 
-static CUresult graph_launch(CUgraphExec h, CUstream s, bool per_thread_default)
+/* Backs exec's allocations (fake_graph_back) unless s captures it as a node
+ * or an upload did (upload: this is one). */
+static CUresult back(CUgraphExec h, CUstream s, bool per_thread_default, bool upload, int64_t *ns)
 {
     CUresult r = fake_need_context();
     if (r != CUDA_SUCCESS)
         return r;
     pthread_mutex_lock(&lock);
     struct graph *exec = graph_of(h);
-    int64_t ns = exec ? exec->ns : 0;
+    struct graph copy = exec ? *exec : (struct graph){0};
+    struct stream *st = stream_of(s, per_thread_default);
+    bool into_capture = st && st->capture != CU_STREAM_CAPTURE_STATUS_NONE;
+    if (exec && !into_capture)
+        exec->uploaded = upload;
     pthread_mutex_unlock(&lock);
+    if (copy.uploaded && !upload)
+        copy.nallocs = 0;
+    if (!exec)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ns = copy.ns;
+    uint64_t transient = 0, kept_bytes[MAX_GRAPH_ALLOCS];
+    CUdeviceptr kept[MAX_GRAPH_ALLOCS];
+    unsigned nkept = 0;
+    for (unsigned i = 0; i < copy.nallocs; i++) {
+        if (copy.alloc[i].freed) {
+            transient += copy.alloc[i].bytes;
+        } else {
+            kept[nkept] = copy.alloc[i].address;
+            kept_bytes[nkept++] = copy.alloc[i].bytes;
+        }
+    }
+    return copy.nallocs && !into_capture ? fake_graph_back(transient, kept, kept_bytes, nkept)
+                                         : CUDA_SUCCESS;
+}
+
+static CUresult graph_launch(CUgraphExec h, CUstream s, bool per_thread_default)
+{
+    int64_t ns = 0;
+    CUresult r = back(h, s, per_thread_default, false, &ns);
     /* Launched into a capture, the whole graph becomes one (child graph) node. */
-    return exec ? submit(s, per_thread_default, ns) : CUDA_ERROR_INVALID_VALUE;
+    return r == CUDA_SUCCESS ? submit(s, per_thread_default, ns) : r;
 }
 
 TWINS(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), graph_launch, hGraphExec,
       hStream)
+
+static CUresult graph_upload(CUgraphExec h, CUstream s, bool per_thread_default)
+{
+    int64_t ns;
+    return back(h, s, per_thread_default, true, &ns);
+}
+
+TWINS(cuGraphUpload, (CUgraphExec hGraphExec, CUstream hStream), graph_upload, hGraphExec,
+      hStream)
+
+CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                      CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, params ? params->flags : 0);
+}
+
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+    return cuGraphInstantiateWithParams(phGraphExec, hGraph, params);
+}
+
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                               char *logBuffer, size_t bufferSize)
+{
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
+}
+
+CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+    if (!phGraph || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct graph *g = new_graph(0, 0);
+    if (g)
+        *phGraph = (CUgraph)g;
+    pthread_mutex_unlock(&lock);
+    return g ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                const CUgraphNode *dependencies, size_t numDependencies,
+                                CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+    if (!phGraphNode || !nodeParams
+        || nodeParams->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE
+        || nodeParams->poolProps.location.id != fake_current_device())
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct graph *g = graph_of(hGraph);
+    CUresult r = g ? add_alloc_node(g, nodeParams->bytesize, &nodeParams->dptr)
+                   : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS)
+        *phGraphNode = node_handle(g, g->nallocs - 1);
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+{
+    unsigned i;
+    pthread_mutex_lock(&lock);
+    struct graph *g = node_of(hNode, &i);
+    if (g && type)
+        *type = i < g->nallocs               ? CU_GRAPH_NODE_TYPE_MEM_ALLOC
+                : i < g->nallocs + g->nfrees ? CU_GRAPH_NODE_TYPE_MEM_FREE
+                                             : CU_GRAPH_NODE_TYPE_KERNEL;
+    pthread_mutex_unlock(&lock);
+    return g && type ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out)
+{
+    unsigned i;
+    pthread_mutex_lock(&lock);
+    struct graph *g = node_of(hNode, &i);
+    bool ok = g && params_out && i < g->nallocs;
+    if (ok) {
+        memset(params_out, 0, sizeof *params_out);
+        params_out->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        params_out->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        params_out->poolProps.location.id = fake_current_device();
+        params_out->bytesize = g->alloc[i].bytes;
+        params_out->dptr = g->alloc[i].address;
+    }
+    pthread_mutex_unlock(&lock);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr_out)
+{
+    unsigned i;
+    pthread_mutex_lock(&lock);
+    struct graph *g = node_of(hNode, &i);
+    bool ok = g && dptr_out && i >= g->nallocs && i < g->nallocs + g->nfrees;
+    if (ok)
+        *dptr_out = g->free[i - g->nallocs];
+    pthread_mutex_unlock(&lock);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The double's graphs never hold child graphs. */
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode hNode, CUgraph *phGraph)
+{
+    return CUDA_ERROR_INVALID_VALUE;
+}

@@ -8,16 +8,28 @@
 #define FAKE_GPU_H
 
 #include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
 
 /* fake_cuda.c */
 CUresult fake_need_context(void);      /* CUDA_SUCCESS when a live context is current */
 int fake_current_device(void);         /* the physical device of the current context */
 void fake_pools_synchronized(void);    /* pools give back what exceeds their threshold */
+/* An upload or launch of a graph that frees transient bytes itself and keeps
+ * nkept allocations: the current device's graph memory grows to hold them. */
+CUresult fake_graph_back(uint64_t transient, const CUdeviceptr *kept, const uint64_t *kept_bytes,
+                         unsigned nkept);
 
 /* fake_gpu.c */
 void fake_gpu_forget(void);            /* a new process: no streams, events, modules, graphs */
 unsigned long fakeRecordsInCapture(void);
 unsigned long fakeEventRecords(void);
+CUresult fake_unsafe_call(void);       /* a call the driver forbids in a capture (see fake_gpu.c) */
+/* A stream-ordered allocation (free) on stream h: *captured when the stream
+ * captures it as a node (the allocation's address in *dptr). */
+CUresult fake_capture_alloc(CUstream h, bool per_thread_default, uint64_t bytes,
+                            CUdeviceptr *dptr, bool *captured);
+CUresult fake_capture_free(CUstream h, bool per_thread_default, CUdeviceptr dptr, bool *captured);
 
 #define PER_THREAD(name) CUresult name##_ptsz
 PER_THREAD(cuStreamSynchronize)(CUstream hStream);
@@ -27,6 +39,11 @@ PER_THREAD(cuStreamBeginCapture_v2)(CUstream hStream, CUstreamCaptureMode mode);
 PER_THREAD(cuStreamEndCapture)(CUstream hStream, CUgraph *phGraph);
 PER_THREAD(cuStreamIsCapturing)(CUstream hStream, CUstreamCaptureStatus *captureStatus);
 PER_THREAD(cuGraphLaunch)(CUgraphExec hGraphExec, CUstream hStream);
+PER_THREAD(cuGraphUpload)(CUgraphExec hGraphExec, CUstream hStream);
+PER_THREAD(cuGraphInstantiateWithParams)(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                         CUDA_GRAPH_INSTANTIATE_PARAMS *params);
+CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                               char *logBuffer, size_t bufferSize);
 PER_THREAD(cuLaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                            unsigned by, unsigned bz, unsigned shared, CUstream s, void **params,
                            void **extra);

@@ -15,6 +15,7 @@
  *   fillwith COMMAND...  (repeats an allocation command until it fails)
  *   info | total DEV | nvml | wait | sleep MS | fork CMD;CMD... | hammer BYTES
  *   resolve | wrapped
+ *   gcapture MODE BYTES free|keep | gnode BYTES | glaunch N | gupload N | gtrim | gmem
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
  *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
@@ -36,6 +37,13 @@
  *             RECORDS, events recorded into the capture (test double only,
  *             else -).
  *   replay    launches that graph back to back for MS ms, like load.
+ *   gcapture  captures cuMemAllocAsync(BYTES) (and its cuMemFreeAsync, with
+ *             free) in a capture of MODE (global, thread, relaxed) on a new
+ *             stream and instantiates the graph; gnode builds the same with
+ *             cuGraphAddMemAllocNode; both print "gcapture RESULT N".
+ *   glaunch, gupload  launch or upload graph N on the legacy stream and
+ *             synchronize; gtrim trims the current device's graph memory;
+ *             gmem prints its reservation (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT).
  *   badlaunch makes N launches of a function that does not exist.
  *   threads   prints how many threads the process has.
  *   records   prints how many events the process recorded (test double only, else -).
@@ -110,6 +118,13 @@ struct api {
     CUresult (*GraphGetNodes)(CUgraph, CUgraphNode *, size_t *);
     CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
     CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+    CUresult (*GraphUpload)(CUgraphExec, CUstream);
+    CUresult (*GraphCreate)(CUgraph *, unsigned);
+    CUresult (*GraphAddMemAllocNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                     CUDA_MEM_ALLOC_NODE_PARAMS *);
+    CUresult (*GraphExecDestroy)(CUgraphExec);
+    CUresult (*DeviceGraphMemTrim)(CUdevice);
+    CUresult (*DeviceGetGraphMemAttribute)(CUdevice, CUgraphMem_attribute, void *);
 };
 
 struct binding {
@@ -173,6 +188,13 @@ static const struct binding bindings[] = {
     BIND(GraphGetNodes, "cuGraphGetNodes", cuGraphGetNodes, 10000),
     BIND(GraphInstantiate, "cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040),
     BIND(GraphLaunch, "cuGraphLaunch", cuGraphLaunch, 10000),
+    BIND(GraphUpload, "cuGraphUpload", cuGraphUpload, 11010),
+    BIND(GraphCreate, "cuGraphCreate", cuGraphCreate, 10000),
+    BIND(GraphAddMemAllocNode, "cuGraphAddMemAllocNode", cuGraphAddMemAllocNode, 11040),
+    BIND(GraphExecDestroy, "cuGraphExecDestroy", cuGraphExecDestroy, 10000),
+    BIND(DeviceGraphMemTrim, "cuDeviceGraphMemTrim", cuDeviceGraphMemTrim, 11040),
+    BIND(DeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", cuDeviceGetGraphMemAttribute,
+         11040),
 };
 
 #define NBINDINGS (sizeof bindings / sizeof *bindings)
@@ -233,7 +255,7 @@ static void bind_all(const char *mode)
 
 /* ---- objects the commands create ---- */
 
-enum kind { POINTER, ARRAY, MIPMAP, HANDLE, ASYNC, CONTEXT };
+enum kind { POINTER, ARRAY, MIPMAP, HANDLE, ASYNC, CONTEXT, GRAPH };
 
 struct object {
     enum kind kind;
@@ -322,6 +344,8 @@ static CUresult free_object(int n)
         return api.MemFreeAsync(o->handle, 0);
     case CONTEXT:
         return api.CtxDestroy((CUcontext)o->handle);
+    case GRAPH:
+        return api.GraphExecDestroy((CUgraphExec)o->handle);
     }
     return CUDA_ERROR_INVALID_VALUE;
 }
@@ -360,8 +384,8 @@ static void resolve_all(void)
     static const cuuint64_t flavours[] = {CU_GET_PROC_ADDRESS_DEFAULT,
                                           CU_GET_PROC_ADDRESS_LEGACY_STREAM,
                                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
-    const char *names[64];
-    char bases[64][128];
+    const char *names[128];
+    char bases[128][128];
     int n = 0, nseen = 0;
 #define VC_BASE_NAME(sym, params, args) names[n++] = #sym;
     VC_INTERCEPTED(VC_BASE_NAME, VC_BASE_NAME, VC_BASE_NAME)
@@ -846,6 +870,63 @@ static int step(char **cmd, int left)
         char counted[32];
         out("capture %s %zu %s\n", name(r), nodes, fake_count("fakeRecordsInCapture", counted));
         return 4;
+    }
+    if (!strcmp(c, "gcapture") || !strcmp(c, "gnode")) {
+        /* An executable graph of one allocation: captured (cuMemAllocAsync in
+         * a capture of mode a1, freed in the graph if a3 is "free") or built
+         * with cuGraphAddMemAllocNode. */
+        CUgraph graph = NULL;
+        CUgraphExec exec = NULL;
+        bool capture = c[1] == 'c';
+        if (capture) {
+            CUstream s;
+            CUstreamCaptureMode mode = !strcmp(a1, "global")   ? CU_STREAM_CAPTURE_MODE_GLOBAL
+                                       : !strcmp(a1, "thread") ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+                                                               : CU_STREAM_CAPTURE_MODE_RELAXED;
+            r = api.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
+            if (r == CUDA_SUCCESS)
+                r = api.StreamBeginCapture(s, mode);
+            CUresult allocated = api.MemAllocAsync(&p, size_arg(a2), s);
+            if (allocated == CUDA_SUCCESS && !strcmp(a3, "free"))
+                allocated = api.MemFreeAsync(p, s);
+            CUresult ended = r == CUDA_SUCCESS ? api.StreamEndCapture(s, &graph) : r;
+            r = allocated != CUDA_SUCCESS ? allocated : ended;
+        } else {
+            CUgraphNode node;
+            CUDA_MEM_ALLOC_NODE_PARAMS params = {0};
+            params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            params.poolProps.location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, current_device()};
+            params.bytesize = size_arg(a1);
+            r = api.GraphCreate(&graph, 0);
+            if (r == CUDA_SUCCESS)
+                r = api.GraphAddMemAllocNode(&node, graph, NULL, 0, &params);
+        }
+        if (r == CUDA_SUCCESS)
+            r = api.GraphInstantiate(&exec, graph, 0);
+        report(c, r, GRAPH, (uint64_t)(uintptr_t)exec);
+        return capture ? 4 : 2;
+    }
+    if (!strcmp(c, "glaunch") || !strcmp(c, "gupload")) {
+        int n = atoi(a1);
+        if (n < 0 || n >= nobjects || objects[n].kind != GRAPH)
+            die("not a graph:", a1);
+        CUgraphExec exec = (CUgraphExec)objects[n].handle;
+        r = c[1] == 'l' ? api.GraphLaunch(exec, 0) : api.GraphUpload(exec, 0);
+        if (r == CUDA_SUCCESS)
+            r = api.StreamSynchronize(0);
+        out("%s %s\n", c, name(r));
+        return 2;
+    }
+    if (!strcmp(c, "gtrim")) {
+        out("gtrim %s\n", name(api.DeviceGraphMemTrim(current_device())));
+        return 1;
+    }
+    if (!strcmp(c, "gmem")) {
+        cuuint64_t reserved = 0;
+        r = api.DeviceGetGraphMemAttribute(current_device(), CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+                                           &reserved);
+        out("gmem %s %llu\n", name(r), (unsigned long long)reserved);
+        return 1;
     }
     if (!strcmp(c, "badlaunch")) {
         void *params[] = {&(uint64_t){1000}};

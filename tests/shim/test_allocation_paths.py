@@ -122,10 +122,13 @@ def test_vmm_size_the_driver_rejects_leaves_nothing_charged(gpu: FakeGpu) -> Non
 
 
 def test_vmm_memory_counts_on_the_device_it_is_placed_on(two_gpus: FakeGpu) -> None:
-    two_gpus.limit(4 * GIB, devices=(fake_uuid(1),))
-    lines = two_gpus.lines("init", "ctx", "0", "vmm", "6G", "0", "vmm", "6G", "1")
-    assert lines[2][:2] == ["vmm", "CUDA_SUCCESS"]
-    assert lines[3] == ["vmm", "CUDA_ERROR_OUT_OF_MEMORY"]
+    two_gpus.limit(4 * GIB)
+    lines = two_gpus.lines("init", "ctx", "0", "vmm", "3G", "1", "vmm", "3G", "0", "vmm", "3G", "1")
+    assert [line[:2] for line in lines[2:]] == [
+        ["vmm", "CUDA_SUCCESS"],
+        ["vmm", "CUDA_SUCCESS"],
+        ["vmm", "CUDA_ERROR_OUT_OF_MEMORY"],
+    ]
 
 
 def test_stream_ordered_allocations_count_the_pool_until_it_returns_memory(gpu: FakeGpu) -> None:
@@ -199,15 +202,35 @@ def test_resetting_the_primary_context_frees_its_allocations(gpu: FakeGpu) -> No
     assert total - free == CONTEXT
 
 
-def test_a_context_past_the_limit_is_admitted_and_the_next_allocation_fails(
+def test_a_context_that_does_not_fit_fails_out_of_memory_and_charges_nothing(
     gpu: FakeGpu,
 ) -> None:
     gpu.limit(1 * GIB)
     lines, in_use = used(gpu, "alloc", "900M", "ctxnew", "0", "alloc", "1M")
     assert lines[2][:2] == ["alloc", "CUDA_SUCCESS"]
-    assert lines[3][:2] == ["ctxnew", "CUDA_SUCCESS"]
-    assert lines[4] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY"]
-    assert in_use == 1 * GIB  # free is 0: the account holds 2 contexts and 900 MiB
+    assert lines[3] == ["ctxnew", "CUDA_ERROR_OUT_OF_MEMORY"]
+    assert lines[4][:2] == ["alloc", "CUDA_SUCCESS"]
+    assert in_use == CONTEXT + 901 * MIB
+
+
+def test_a_second_process_whose_context_does_not_fit_gets_out_of_memory(gpu: FakeGpu) -> None:
+    gpu.limit(1 * GIB)
+    with gpu.running("init", "ctx", "0", "alloc", "900M", "wait"):
+        lines = gpu.lines("init", "ctx", "0")
+        outside = gpu.lines("init", "nvml", shim=False)
+    assert lines[1] == ["ctx", "CUDA_ERROR_OUT_OF_MEMORY"]
+    # The device never held more than the limit for the container: one context and 900 MiB.
+    assert int(outside[1][6]) == CONTEXT + 900 * MIB
+
+
+def test_a_context_larger_than_its_estimate_that_does_not_fit_is_destroyed(gpu: FakeGpu) -> None:
+    # A process's first context is charged 512 MiB up front, then what it measures: 1000 MiB.
+    gpu.limit(1 * GIB)
+    with gpu.running("init", "ctx", "0", "wait", VCUDA_FAKE_CONTEXT_MIB="100"):
+        lines = gpu.lines("init", "ctx", "0", VCUDA_FAKE_CONTEXT_MIB="1000")
+        outside = gpu.lines("init", "nvml", shim=False)
+    assert lines[1] == ["ctx", "CUDA_ERROR_OUT_OF_MEMORY"]
+    assert int(outside[1][6]) == 100 * MIB
 
 
 def test_a_driver_failure_gives_the_charge_back(shim_build: None, tmp_path) -> None:
@@ -218,8 +241,16 @@ def test_a_driver_failure_gives_the_charge_back(shim_build: None, tmp_path) -> N
     assert in_use == CONTEXT
 
 
-def test_a_device_the_limits_do_not_list_is_not_limited(two_gpus: FakeGpu) -> None:
+def test_a_device_the_limits_do_not_list_is_refused_at_context_creation(
+    two_gpus: FakeGpu,
+) -> None:
     two_gpus.limit(1 * GIB, devices=(fake_uuid(1),))
-    lines = two_gpus.lines("init", "ctx", "0", "alloc", "6G", "info")
-    assert lines[2][:2] == ["alloc", "CUDA_SUCCESS"]
-    assert info(lines)[1] == 8 * GIB
+    lines = two_gpus.lines("init", "ctx", "0", "ctxnew", "0", "total", "0", "ctx", "1", "alloc",
+                           "512M")
+    assert lines[1:4] == [
+        ["ctx", "CUDA_ERROR_OUT_OF_MEMORY"],
+        ["ctxnew", "CUDA_ERROR_OUT_OF_MEMORY"],
+        ["total", "CUDA_SUCCESS", "0"],
+    ]
+    assert lines[4] == ["ctx", "CUDA_SUCCESS"]
+    assert lines[5][:2] == ["alloc", "CUDA_SUCCESS"]

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.shim.harness import BUILD, CSHIM, GIB, MIB, REPO, TESTS
+from tests.shim.gpu_run import LIMIT, environment, line, process_memory, started, vcuda_run
+from tests.shim.harness import BUILD, GIB, MIB, TESTS
 
 pytestmark = pytest.mark.gpu
 
-LIMIT = 4 * GIB
 BLOCK = 256 * MIB
 
 TORCH_FILL = """
@@ -68,68 +65,6 @@ while True:
     if not sys.stdin.readline():
         break
 """
-
-
-@pytest.fixture(scope="module")
-def programs() -> Path:
-    """libvcuda.so, the probe, and the nvcc-built programs of this machine."""
-    subprocess.run(["make", "-s", "-C", str(CSHIM), "gpu"], check=True)
-    return BUILD
-
-
-def vcuda_run(*command: str, account: Path | None = None, cores: int = 100) -> list[str]:
-    """The vcuda-run command line for command with the 4 GiB limit (and a core limit)."""
-    shared = ["--account", str(account)] if account else []
-    return [sys.executable, "-m", "runtime_hook.run", "--memory", "4Gi", "--cores", str(cores),
-            *shared, "--", *command]
-
-
-def environment(**extra: str) -> dict[str, str]:
-    """This machine's environment (its real driver), with the shim's log on."""
-    return dict(os.environ, PYTHONPATH=str(REPO), VCUDA_LOG_LEVEL="info", **extra)
-
-
-@contextmanager
-def started(command: list[str], **env: str) -> Iterator[subprocess.Popen[str]]:
-    process = subprocess.Popen(
-        command,
-        env=environment(**env),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        yield process
-    finally:
-        process.kill()
-        _, err = process.communicate(timeout=60)
-        print(f"--- stderr of {command[-1][:40]!r}:\n{err[-3000:]}")
-
-
-def line(process: subprocess.Popen[str]) -> list[str]:
-    """The next line the program prints (the probe's "# " lines of a fillwith skipped)."""
-    assert process.stdout is not None
-    text = "#"
-    while text.startswith("#"):
-        text = process.stdout.readline()
-        assert text, "the program ended early"
-    return text.split()
-
-
-def process_memory(pid: int) -> int:
-    """The GPU memory the driver says process pid holds, by NVML (outside the shim)."""
-    import pynvml
-
-    pynvml.nvmlInit()
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-            if process.pid == pid:
-                return int(process.usedGpuMemory)
-    finally:
-        pynvml.nvmlShutdown()
-    raise AssertionError(f"NVML lists no process {pid}")
 
 
 def check_fill(process: subprocess.Popen[str]) -> None:

@@ -59,10 +59,10 @@ def test_nvml_in_a_process_without_cuda_sees_the_whole_containers_use(gpu: FakeG
         assert (int(nvml[4]), int(nvml[6])) == (4 * GIB, CONTEXT + 2 * GIB)
 
 
-def test_nvml_reports_a_device_the_limits_do_not_cover_unchanged(two_gpus: FakeGpu) -> None:
+def test_nvml_reports_no_memory_on_a_device_the_limits_do_not_list(two_gpus: FakeGpu) -> None:
     two_gpus.limit(4 * GIB, devices=(fake_uuid(1),))
     lines = two_gpus.lines("nvml")
-    assert [int(line[4]) for line in lines] == [8 * GIB, 4 * GIB]
+    assert [int(line[4]) for line in lines] == [0, 4 * GIB]
 
 
 def test_the_limit_follows_the_uuid_whatever_order_CUDA_VISIBLE_DEVICES_gives(
@@ -71,8 +71,8 @@ def test_the_limit_follows_the_uuid_whatever_order_CUDA_VISIBLE_DEVICES_gives(
     two_gpus.limit(4 * GIB, devices=(fake_uuid(0),))
     for visible in ("1,0", f"{fake_uuid(1)},{fake_uuid(0)}", f"{fake_uuid(1)[:12]},0"):
         lines = two_gpus.lines("init", "total", "0", "total", "1", CUDA_VISIBLE_DEVICES=visible)
-        # Ordinal 0 is physical device 1 (16 GiB, not limited); ordinal 1 is device 0.
-        assert [line[2] for line in lines[1:]] == [str(16 * GIB), str(4 * GIB)], visible
+        # Ordinal 0 is physical device 1 (not listed: refused); ordinal 1 is device 0.
+        assert [line[2] for line in lines[1:]] == ["0", str(4 * GIB)], visible
 
 
 def test_the_account_file_holds_the_bytes_in_use_per_device_uuid(two_gpus: FakeGpu) -> None:

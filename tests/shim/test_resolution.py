@@ -59,7 +59,7 @@ def test_each_version_gets_its_own_wrapper_and_a_version_not_wrapped_the_driver_
     assert resolved[("cuMemGetInfo", "3020", "0")][1:] == ["libvcuda.so", "cuMemGetInfo_v2"]
 
 
-LAUNCHES = ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch")
+LAUNCHES = ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel")
 
 
 @pytest.mark.parametrize("cores", [100, None], ids=["cores=100", "no-cores-key"])
@@ -72,8 +72,15 @@ def test_without_a_core_limit_launches_are_the_drivers_own_in_every_flavour(
                                 if not line.startswith("cores=")))
     launches = {k: v for k, v in resolutions(gpu, shim=True).items() if k[0] in LAUNCHES}
     assert {v[1] for v in launches.values() if v[0] == "CUDA_SUCCESS"} == {"libcuda.so.1"}
-    assert {"cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchCooperativeKernel_ptsz",
-            "cuGraphLaunch"} <= {v[2] for v in launches.values()}
+    assert {"cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchCooperativeKernel_ptsz"} <= {
+        v[2] for v in launches.values()}
+
+
+def test_graph_launches_are_wrapped_under_a_memory_limit_alone(gpu: FakeGpu) -> None:
+    # A graph's first launch backs its allocation nodes: it is charged like an allocation.
+    gpu.limit(1 << 30)
+    launches = {k: v for k, v in resolutions(gpu, shim=True).items() if k[0] == "cuGraphLaunch"}
+    assert {v[1] for v in launches.values() if v[0] == "CUDA_SUCCESS"} == {"libvcuda.so"}
 
 
 def test_without_a_limits_file_nothing_is_wrapped(gpu: FakeGpu) -> None:

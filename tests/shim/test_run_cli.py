@@ -80,11 +80,13 @@ def test_commands_given_one_account_share_the_memory(gpu: FakeGpu) -> None:
         holder.wait()
 
 
-def test_the_devices_option_limits_only_those_devices(two_gpus: FakeGpu) -> None:
+def test_the_devices_option_limits_those_devices_and_refuses_the_others(
+    two_gpus: FakeGpu,
+) -> None:
     words = two_gpus.command("init", "total", "0", "total", "1")
     result = vcuda_run("--memory", "1Gi", "--devices", fake_uuid(1), "--", *words, env=two_gpus.env)
     assert result.stdout.splitlines()[1:] == [
-        f"total CUDA_SUCCESS {8 * GIB}",
+        "total CUDA_SUCCESS 0",
         f"total CUDA_SUCCESS {GIB}",
     ]
 
