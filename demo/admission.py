@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import jsonpatch
 
 from demo.commands import REPO, vcuda_command
+from demo.steps import DemoError
 from webhook.pki import write_self_signed
 
 HOST = "127.0.0.1"
@@ -27,7 +28,7 @@ _POD = {"group": "", "version": "v1", "kind": "Pod"}
 _PODS = {"group": "", "version": "v1", "resource": "pods"}
 
 
-class WebhookError(Exception):
+class WebhookFailed(DemoError):
     """The webhook did not start, or answered what the API server could not use."""
 
 
@@ -95,19 +96,19 @@ class Webhook:
         deadline = time.monotonic() + _READY_WITHIN
         while True:
             if self._process.poll() is not None:
-                raise WebhookError(f"vcuda-webhook exited with status {self._process.returncode}"
+                raise WebhookFailed(f"vcuda-webhook exited with status {self._process.returncode}"
                                    f" before it was ready; its last output: {self.last_output()}")
             try:
                 status, _ = self._request("GET", "/readyz")
             except (OSError, http.client.HTTPException) as exc:
                 if time.monotonic() > deadline:
-                    raise WebhookError(f"vcuda-webhook did not answer on {self.url} within "
+                    raise WebhookFailed(f"vcuda-webhook did not answer on {self.url} within "
                                        f"{_READY_WITHIN:.0f} s ({exc})") from None
                 time.sleep(0.1)
                 continue
             if status == 200:
                 return
-            raise WebhookError(f"vcuda-webhook's /readyz answered HTTP {status}")
+            raise WebhookFailed(f"vcuda-webhook's /readyz answered HTTP {status}")
 
     def review(self, pod: dict[str, Any]) -> Review:
         """Send the creation of ``pod`` to /mutate and apply the JSON Patch it answers."""
@@ -115,14 +116,14 @@ class Webhook:
         body = json.dumps(admission_review(pod, uid)).encode()
         status, answer = self._request("POST", "/mutate?timeout=10s", body)
         if status != 200:
-            raise WebhookError(f"/mutate answered HTTP {status}: {answer[:300]!r}")
+            raise WebhookFailed(f"/mutate answered HTTP {status}: {answer[:300]!r}")
         response = json.loads(answer)["response"]
         if response.get("uid") != uid:
-            raise WebhookError(f"the answer's uid {response.get('uid')!r} is not the request's")
+            raise WebhookFailed(f"the answer's uid {response.get('uid')!r} is not the request's")
         patch: list[dict[str, Any]] = []
         if "patch" in response:
             if response.get("patchType") != "JSONPatch":
-                raise WebhookError(f"patchType is {response.get('patchType')!r}, not JSONPatch")
+                raise WebhookFailed(f"patchType is {response.get('patchType')!r}, not JSONPatch")
             patch = json.loads(base64.b64decode(response["patch"]))
         return Review(
             allowed=response["allowed"] is True,

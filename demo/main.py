@@ -153,12 +153,12 @@ class Demo:
     def _start_webhook(self) -> Done:
         # demo.admission needs the webhook's modules: imported here, after step 1 found them,
         # so that a missing one is reported there rather than as a traceback.
-        from demo.admission import Webhook, WebhookError
+        from demo.admission import Webhook, WebhookFailed
 
         self.webhook = Webhook(self.work)
         try:
             self.webhook.start()
-        except WebhookError as exc:
+        except WebhookFailed as exc:
             raise StepFailed(str(exc)) from None
         return Done(
             f"vcuda-webhook (pid {self.webhook.pid}) serves {self.webhook.url}/mutate with a "
@@ -167,11 +167,11 @@ class Demo:
              f"CA:   {self.webhook.ca_file}", f"log:  {self.webhook.log_file} (JSON lines)"])
 
     def _review(self, sample: SamplePod) -> Done:
-        from demo.admission import WebhookError
+        from demo.admission import WebhookFailed
 
         try:
             review = self.webhook.review(sample.pod)
-        except WebhookError as exc:
+        except WebhookFailed as exc:
             raise StepFailed(str(exc)) from None
         self.reviews[sample.name] = review
         details = review_lines(sample.pod, review)

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
+from runtime_hook.contract import VcudaError
+
 OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
 _INDENT = " " * 12
 _PACKAGE = Path(__file__).resolve().parent
@@ -19,7 +21,11 @@ class Done(NamedTuple):
     details: Sequence[str] = ()
 
 
-class StepFailed(Exception):
+class DemoError(VcudaError):
+    """Root of the demo's errors: what went wrong (the message) and how to fix it (``fix``)."""
+
+
+class StepFailed(DemoError):
     """A step did not do what it should: what happened, then any lines that show it."""
 
     def __init__(self, summary: str, details: Sequence[str] = ()) -> None:
@@ -28,7 +34,7 @@ class StepFailed(Exception):
         self.details = tuple(details)
 
 
-class StepSkipped(Exception):
+class StepSkipped(DemoError):
     """A step that cannot run here; the message says why."""
 
 

@@ -40,7 +40,23 @@ from runtime_hook import fast_json
 from runtime_hook.record import Record
 
 
-class ContractError(ValueError):
+class VcudaError(Exception):
+    """What went wrong (the message) and how to fix it (``fix``): the shape of vcuda's errors.
+
+    Each package has one root below this one: ``runtime_hook.hook_errors.NodeError``,
+    ``webhook.errors.WebhookError`` and ``demo.steps.DemoError``. A class may set the ``fix``
+    that fits all its errors; a raise may give its own.
+    """
+
+    fix = ""
+
+    def __init__(self, message: str = "", fix: str = "") -> None:
+        super().__init__(message)
+        if fix:
+            self.fix = fix
+
+
+class ContractError(VcudaError, ValueError):
     """A value breaks the contract; the message says which value and what is allowed."""
 
 
@@ -172,6 +188,8 @@ LIMITS_MAX_LINE = 4096
 class LimitsFormatError(ContractError):
     """The text is not a valid limits file; the message says which line and why."""
 
+    fix = "write limits the shim accepts (cshim/README.md lists them)"
+
 
 # A Record, not a dataclass or a named tuple: importing dataclasses (9 ms) or
 # collections (2 ms) would cost the hook that much on every limited container start.
@@ -253,6 +271,8 @@ INVENTORY_NAME = "gpus.json"  # in the hook's state directory
 
 class InventoryError(ContractError):
     """The inventory file exists but cannot be used; the message says why."""
+
+    fix = "restart the node agent: it rewrites the inventory"
 
 
 class Gpu(Record):

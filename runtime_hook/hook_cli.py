@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from runtime_hook.contract import INVENTORY_NAME, memory_scaling
+from runtime_hook.hook_errors import UsageError
 from runtime_hook.hook_log import LEVELS
 
 TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)
@@ -33,10 +34,6 @@ poststop: release what containers that are gone had committed. Containers
 without limits are left untouched. On failure it prints one line on stderr
 and exits 1, and the container does not start.
 """
-
-
-class UsageError(ValueError):
-    """The command line is wrong; the message says how."""
 
 
 def _positive(text: str) -> int:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-from runtime_hook.hook_cli import LOCK_TIMEOUT, USAGE, Flags, UsageError, help_text, parse_args
-from runtime_hook.hook_errors import HookError
+from runtime_hook.hook_cli import LOCK_TIMEOUT, USAGE, Flags, help_text, parse_args
+from runtime_hook.hook_errors import HookError, UsageError
 from runtime_hook.hook_log import HookLog
 from runtime_hook.node_state import StateDir
 

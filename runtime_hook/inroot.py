@@ -16,6 +16,7 @@ import os
 import stat
 
 from runtime_hook import syscalls
+from runtime_hook.hook_errors import NodeError
 
 _RESOLVE = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 _CREATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -43,7 +44,7 @@ _PSEUDO_FS = {
 }
 
 
-class InRootError(Exception):
+class InRootError(NodeError):
     """A path in the container cannot be used; the message names it and says why."""
 
 

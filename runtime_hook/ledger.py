@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+from runtime_hook.hook_errors import NodeError
 from runtime_hook.node_state import ACCOUNT_DIR, OWNER_FILE, StateDir
 from runtime_hook.record import Record
 
@@ -28,7 +29,7 @@ ENTRY_FILE = "entry"
 _NUMBERS = ("memory", "cores")
 
 
-class DuplicateError(RuntimeError):
+class DuplicateError(NodeError, RuntimeError):
     """A record for this container id exists already."""
 
 

@@ -12,7 +12,8 @@ belongs to a process with another start time (pid reuse). Releasing a gone
 container is how poststop works, and how hooks that crashed or containers
 that died without their poststop stop holding GPU memory.
 
-Only ``os``, ``fcntl`` and ``time`` at import: poststop runs nothing else.
+Of the standard library only ``os``, ``fcntl`` and ``time`` at import:
+poststop runs nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+
+from runtime_hook.hook_errors import NodeError
 
 OWNER_FILE = "owner"
 LIMITS_FILE = "limits"
@@ -29,8 +32,10 @@ ACCOUNT_DIR = "account"
 _LOCK_POLL = 0.01
 
 
-class StateError(RuntimeError):
+class StateError(NodeError, RuntimeError):
     """The state directory cannot be used; the message says why."""
+
+    fix = "check the hook's --state-dir on this node"
 
 
 def process_start_time(pid: int) -> int | None:

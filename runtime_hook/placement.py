@@ -34,6 +34,7 @@ from runtime_hook.contract import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     LEDGER_ANNOTATION,
+    ContractError,
     Gpu,
 )
 from runtime_hook.record import Record
@@ -41,7 +42,7 @@ from runtime_hook.record import Record
 FORMAT_VERSION = 1
 
 
-class PlacementError(ValueError):
+class PlacementError(ContractError):
     """An annotation cannot be read; the message names it and says why."""
 
 

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from runtime_hook.contract import InventoryError, LimitsFormatError
+from runtime_hook.contract import LimitsFormatError, VcudaError
 from runtime_hook.hook_cli import Flags
 from runtime_hook.hook_errors import HookError
 from runtime_hook.hook_log import HookLog
 from runtime_hook.limits_decision import container_name, pod_of, requested_limits
-from runtime_hook.node_state import StateError
 from runtime_hook.oci_spec import Container, load_config, parse_state
 
-_FIXES = {
-    InventoryError: "restart the node agent: it rewrites the inventory",
-    LimitsFormatError: "check the device IDs the device plugin gives containers",
-    StateError: "check the hook's --state-dir on this node",
-}
+# The limits the hook renders are the annotation's, checked, and the device plugin's GPUs.
+_FIX_DEVICES = "check the device IDs the device plugin gives containers"
 
 
 def run(state: bytes, flags: Flags, log: HookLog) -> None:
@@ -34,8 +30,10 @@ def run(state: bytes, flags: Flags, log: HookLog) -> None:
     except HookError as exc:
         exc.container = describe(container)
         raise
-    except tuple(_FIXES) as exc:
-        raise HookError(str(exc), _FIXES[type(exc)], describe(container)) from None
+    except LimitsFormatError as exc:
+        raise HookError(str(exc), _FIX_DEVICES, describe(container)) from None
+    except VcudaError as exc:  # the inventory, the state dir: their errors carry the fix
+        raise HookError(str(exc), exc.fix, describe(container)) from None
 
 
 def describe(container: Container) -> str:

@@ -20,6 +20,7 @@ from runtime_hook.contract import (
     LimitsFormatError,
     render_limits,
 )
+from runtime_hook.hook_errors import UsageError
 from runtime_hook.node_state import process_start_time
 
 LIMITS_ENV = "VCUDA_LIMITS_FILE"
@@ -60,10 +61,6 @@ examples:
   vcuda-run --memory 4Gi --account /tmp/team.acct -- python a.py   # and b.py:
   vcuda-run --memory 4Gi --account /tmp/team.acct -- python b.py   # one 4Gi for both
 """
-
-
-class UsageError(Exception):
-    """A bad command line; the message says what to write instead."""
 
 
 def parse_size(text: str) -> int:

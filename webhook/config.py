@@ -19,12 +19,13 @@ from runtime_hook.contract import (
     pointer_token,
     resource_names,
 )
+from webhook.errors import WebhookError
 from webhook.quantity import QuantityError, parse_whole_quantity
 
 _RESOURCE_NAME = re.compile(r"[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
-class ConfigError(ValueError):
+class ConfigError(WebhookError, ValueError):
     """The configuration is unusable; the message names the key and what is allowed."""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from webhook.errors import WebhookError
+
 _PATTERN = re.compile(
     r"([+-]?(?:\d+\.?\d*|\.\d+))"  # number
     r"(?:(Ki|Mi|Gi|Ti|Pi|Ei)|[eE]([+-]?\d+)|(m|k|M|G|T|P|E))?"  # binary | exponent | decimal
@@ -17,7 +19,7 @@ _MAX_TEXT = 64
 _MAX_EXPONENT = 30
 
 
-class QuantityError(ValueError):
+class QuantityError(WebhookError, ValueError):
     """The value is not a Kubernetes quantity."""
 
 

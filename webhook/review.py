@@ -6,6 +6,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from webhook.errors import WebhookError
 from webhook.pod import Pod
 from webhook.policy import Decision
 
@@ -15,7 +16,7 @@ MAX_BODY = 3 << 20  # the API server's own cap on a webhook request
 _REVIEWED_OPERATIONS = ("CREATE", "UPDATE")
 
 
-class BadReview(ValueError):
+class BadReview(WebhookError, ValueError):
     """The body is not an AdmissionReview this server can answer (HTTP 400)."""
 
 

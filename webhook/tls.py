@@ -14,12 +14,14 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
+from webhook.errors import WebhookError
+
 # What two reads of the certificate and key files gave: their bytes, or why they
 # could not be read.
 _Snapshot = Union[tuple[bytes, bytes], str]
 
 
-class CertificateError(ValueError):
+class CertificateError(WebhookError, ValueError):
     """A certificate/key pair that must not be served; the message says why."""
 
 

@@ -14,6 +14,8 @@ import stat
 import struct
 from typing import NamedTuple
 
+from runtime_hook.hook_errors import NodeError
+
 MAGIC = b"VCUDAACC"
 VERSION = 2
 _HEADER = struct.Struct("<8sIIIIIIqII")
@@ -24,8 +26,10 @@ _GEOMETRY = (4096, 16, 1024, _SLOT.size, 96)
 SIZE = _GEOMETRY[0] + _GEOMETRY[2] * _GEOMETRY[3]
 
 
-class AccountError(ValueError):
+class AccountError(NodeError, ValueError):
     """The file is not an account the agent can read; the message says why."""
+
+    fix = "run libvcuda.so and the node agent of one vcuda release"
 
 
 class Slot(NamedTuple):

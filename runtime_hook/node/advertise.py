@@ -26,13 +26,14 @@ from runtime_hook.contract import (
     resource_names,
     write_inventory,
 )
+from runtime_hook.hook_errors import NodeError
 
 Operation = dict[str, Any]  # one JSON Patch operation
 _FIELDS = ("capacity", "allocatable")
 _FIX_RBAC = "grant it with manifests/node-rbac.yaml (get nodes, patch nodes/status)"
 
 
-class AdvertiseError(RuntimeError):
+class AdvertiseError(NodeError, RuntimeError):
     """The node's status cannot be read or written; the message says why and what to do."""
 
 

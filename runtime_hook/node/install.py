@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from runtime_hook.hook_cli import DEFAULT_LIBRARY
+from runtime_hook.hook_errors import NodeError
 from runtime_hook.node import hook_files, host_files, runtime_config
 from runtime_hook.node.logs import event
-from runtime_hook.node.runtime_config import CONTAINERD_CONFIG, ConfigError, HookCommand
+from runtime_hook.node.runtime_config import CONTAINERD_CONFIG, HookCommand, RuntimeConfigError
 
 RECORD = "installed.json"
 _KINDS = ("runtime_files", "edits", "files", "links", "trees", "dirs")
@@ -55,7 +56,7 @@ print(sys.version.split()[0])
 """
 
 
-class InstallError(RuntimeError):
+class InstallError(NodeError, RuntimeError):
     """The install cannot go on; the message says why and what to do."""
 
 
@@ -91,7 +92,7 @@ def install(options: Options, log: logging.Logger) -> list[str]:
         if main_config is not None:
             edited = runtime_config.edit_containerd_config(main_config, source,
                                                            options.host_root)
-    except ConfigError as exc:
+    except RuntimeConfigError as exc:
         raise InstallError(str(exc)) from None
     library = _library(options.library)
     tree = hook_files.files()

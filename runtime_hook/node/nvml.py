@@ -12,14 +12,17 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from runtime_hook.hook_errors import NodeError
 from runtime_hook.node.logs import Problems
 
 # How old a process's latest utilization sample may be and still count as now.
 UTILIZATION_WINDOW = 2.0
 
 
-class NvmlError(RuntimeError):
+class NvmlError(NodeError, RuntimeError):
     """NVML cannot be used at the moment; the message says why."""
+
+    fix = "check the NVIDIA driver on this node (nvidia-smi)"
 
 
 class GpuState(NamedTuple):

@@ -31,7 +31,8 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from runtime_hook.hook_cli import DEFAULT_STATE_DIR, UsageError, parse_args
+from runtime_hook.hook_cli import DEFAULT_STATE_DIR, parse_args
+from runtime_hook.hook_errors import NodeError, UsageError
 
 DEFAULT_PREFIX = "/usr/local/vcuda"
 RUNTIMES = ("containerd", "crio")
@@ -50,7 +51,7 @@ _SHARE = "/usr/local/share/vcuda/node"  # where the image keeps manifests/node
 _CHECKOUT = Path(__file__).resolve().parents[2] / "manifests" / "node"
 
 
-class ConfigError(RuntimeError):
+class RuntimeConfigError(NodeError, RuntimeError):
     """The node's runtime configuration cannot be set up; the message says what to do."""
 
 
@@ -69,8 +70,8 @@ def source_dir(explicit: str | None = None) -> Path:
         if (Path(candidate) / "base-runtime-spec.json").is_file():
             return Path(candidate)
     looked = explicit or f"{_CHECKOUT}, {_SHARE}"
-    raise ConfigError(f"the node configuration files (manifests/node) are not at {looked}: "
-                      "name their directory with --node-config")
+    raise RuntimeConfigError(f"the node configuration files (manifests/node) are not at {looked}: "
+                             "name their directory with --node-config")
 
 
 def detect(host_root: str) -> str:
@@ -83,8 +84,8 @@ def detect(host_root: str) -> str:
     if len(found) != 1:
         what = "both /etc/containerd and /etc/crio" if found else "neither /etc/containerd nor " \
             "/etc/crio"
-        raise ConfigError(f"cannot tell the node's container runtime: it has {what}; "
-                          "name it with --runtime containerd or --runtime crio")
+        raise RuntimeConfigError(f"cannot tell the node's container runtime: it has {what}; "
+                                 "name it with --runtime containerd or --runtime crio")
     return found[0]
 
 
@@ -94,8 +95,9 @@ def files(runtime: str, host_root: str, source: Path, hook: HookCommand) -> dict
     if runtime == "containerd":
         config = _read_text(host_root, CONTAINERD_CONFIG)
         if config is None:
-            raise ConfigError(f"containerd has no {CONTAINERD_CONFIG}: create it with 'containerd "
-                              f"config default > {CONTAINERD_CONFIG}', then install again")
+            raise RuntimeConfigError(
+                f"containerd has no {CONTAINERD_CONFIG}: create it with 'containerd "
+                f"config default > {CONTAINERD_CONFIG}', then install again")
         version = containerd_version(config)
         spec = json.loads((source / "base-runtime-spec.json").read_text())
         spec["hooks"] = {stage: [render_hook(h, hook) for h in entries]
@@ -120,7 +122,8 @@ def handler(source: Path, config: str) -> str:
     systemd = "true" if _systemd_cgroup(_toml(config), version) else "false"
     rendered = re.sub(r"(?m)^(\s*SystemdCgroup\s*=\s*)\S+", rf"\g<1>{systemd}", text)
     if _vcuda_runtime(_toml(rendered), version) is None:  # a bug in manifests/node, not the node
-        raise ConfigError(f"{_CONTAINERD_FILES[version]} has no vcuda runtime for containerd")
+        raise RuntimeConfigError(
+            f"{_CONTAINERD_FILES[version]} has no vcuda runtime for containerd")
     return rendered
 
 
@@ -138,8 +141,9 @@ def edit_containerd_config(config: str, source: Path, host_root: str) -> str | N
     _refuse_imported_cri_settings(own, host_root)
     expected = _toml(own)
     if _vcuda_runtime(expected, version) is not None:
-        raise ConfigError(f"{CONTAINERD_CONFIG} already has a vcuda runtime that vcuda-node did "
-                          "not add: remove it, then install again")
+        raise RuntimeConfigError(
+            f"{CONTAINERD_CONFIG} already has a vcuda runtime that vcuda-node did "
+            "not add: remove it, then install again")
     text = handler(source, config)
     lines = [line for line in text.splitlines()
              if line.strip() and not line.lstrip().startswith("#")
@@ -153,9 +157,10 @@ def edit_containerd_config(config: str, source: Path, host_root: str) -> str | N
     block = "".join(f"{line}  {_MARK}\n" for line in lines)
     edited = own + ("" if own.endswith("\n") or not own else "\n") + block
     if _toml(edited) != expected:
-        raise ConfigError(f"{CONTAINERD_CONFIG} could not be given the vcuda runtime (its last "
-                          "table takes the added lines): add the vcuda runtime by hand from "
-                          f"{_CONTAINERD_FILES[version]}, then install again")
+        raise RuntimeConfigError(
+            f"{CONTAINERD_CONFIG} could not be given the vcuda runtime (its last "
+            "table takes the added lines): add the vcuda runtime by hand from "
+            f"{_CONTAINERD_FILES[version]}, then install again")
     return None if edited == config else edited
 
 
@@ -174,7 +179,7 @@ def render_hook(entry: dict, hook: HookCommand) -> dict:
     try:
         parse_args(moved[script + 1 :])
     except UsageError as exc:  # the manifests and the hook disagree: a bug, not a node problem
-        raise ConfigError(f"the hook would refuse its own command line: {exc}") from None
+        raise RuntimeConfigError(f"the hook would refuse its own command line: {exc}") from None
     return {**entry, "args": moved}
 
 
@@ -182,8 +187,8 @@ def containerd_version(config: str) -> int:
     """The version (2 or 3) of containerd's main configuration text."""
     version = _toml(config).get("version", 1)
     if version not in _CONTAINERD_FILES:
-        raise ConfigError(f"{CONTAINERD_CONFIG} has configuration version {version}; vcuda "
-                          "supports 2 (containerd 1.6 and 1.7) and 3 (containerd 2.x)")
+        raise RuntimeConfigError(f"{CONTAINERD_CONFIG} has configuration version {version}; vcuda "
+                                 "supports 2 (containerd 1.6 and 1.7) and 3 (containerd 2.x)")
     return version
 
 
@@ -197,8 +202,8 @@ def imports_drop_in(config: str) -> bool:
 
 
 def _refuse_imported_cri_settings(config: str, host_root: str) -> None:
-    """ConfigError if a file that version-2 ``config`` imports configures the CRI plugin: that
-    section would replace the main file's, vcuda's runtime with it."""
+    """RuntimeConfigError if a file that version-2 ``config`` imports configures the CRI
+    plugin: that section would replace the main file's, vcuda's runtime with it."""
     base = os.path.dirname(CONTAINERD_CONFIG)
     for pattern in _toml(config).get("imports", []):
         pattern = os.path.join(base, pattern).lstrip("/")
@@ -208,17 +213,18 @@ def _refuse_imported_cri_settings(config: str, host_root: str) -> None:
                 continue
             if _CRI_PLUGINS[2] in _toml(_read_text(host_root, imported) or "",
                                         imported).get("plugins", {}):
-                raise ConfigError(
+                raise RuntimeConfigError(
                     f"{imported}, imported by {CONTAINERD_CONFIG}, configures the CRI plugin, "
                     f"which then replaces all of {CONTAINERD_CONFIG}'s CRI settings (containerd "
                     "1.x): keep the CRI settings in one file, then install again")
 
 
 def _add_import(config: str) -> str:
-    """``config`` with a marked line importing the drop-in; ConfigError if it has ``imports``."""
+    """``config`` with a marked line importing the drop-in; RuntimeConfigError if it has
+    ``imports``."""
     if "imports" in _toml(config):
-        raise ConfigError(f"{CONTAINERD_CONFIG} has an imports list without "
-                          f"{CONTAINERD_DROP_IN}: add it there, then install again")
+        raise RuntimeConfigError(f"{CONTAINERD_CONFIG} has an imports list without "
+                                 f"{CONTAINERD_DROP_IN}: add it there, then install again")
     line = f"imports = [{json.dumps(CONTAINERD_DROP_IN)}]  {_MARK}\n"
     lines = config.splitlines(keepends=True)
     # Top-level keys must come before the first table: right after `version`, or first.
@@ -227,8 +233,9 @@ def _add_import(config: str) -> str:
         lines[at - 1] += "\n"
     edited = "".join([*lines[:at], line, *lines[at:]])
     if not imports_drop_in(edited):
-        raise ConfigError(f"{CONTAINERD_CONFIG} could not be made to import {CONTAINERD_DROP_IN}: "
-                          "add the import by hand, then install again")
+        raise RuntimeConfigError(
+            f"{CONTAINERD_CONFIG} could not be made to import {CONTAINERD_DROP_IN}: "
+            "add the import by hand, then install again")
     return edited
 
 
@@ -265,11 +272,12 @@ def _toml(text: str, path: str = CONTAINERD_CONFIG) -> dict:
     try:
         import tomllib
     except ImportError:  # Python 3.9 and 3.10
-        raise ConfigError("reading containerd's configuration needs Python 3.11 or later") from None
+        raise RuntimeConfigError(
+            "reading containerd's configuration needs Python 3.11 or later") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+        raise RuntimeConfigError(f"{path} is not valid TOML: {exc}") from None
 
 
 def _read_text(host_root: str, path: str) -> str | None:

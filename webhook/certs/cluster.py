@@ -19,11 +19,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from webhook.errors import WebhookError
+
 _TRANSIENT = {429, 500, 502, 503, 504}
 _SMP = "application/strategic-merge-patch+json"
 
 
-class ClusterError(RuntimeError):
+class ClusterError(WebhookError, RuntimeError):
     """An API call failed; the message is for the operator."""
 
 
