@@ -30,7 +30,8 @@ from runtime_hook.hook_errors import NodeError
 
 Operation = dict[str, Any]  # one JSON Patch operation
 _FIELDS = ("capacity", "allocatable")
-_FIX_RBAC = "grant it with manifests/node-rbac.yaml (get nodes, patch nodes/status)"
+_FIX_RBAC = ("grant it with manifests/node-rbac.yaml (get and patch nodes, patch nodes/status, "
+             "get and list pods)")
 
 
 class AdvertiseError(NodeError, RuntimeError):
@@ -108,7 +109,31 @@ class NodeStatus:
         """Apply ``operations`` (JSON Patch) to the node's status."""
         self._call("patch nodes/status", lambda: self._api.patch_node_status(self.node, operations))
 
-    def _call(self, what: str, call: Any) -> Any:
+    def annotate(self, annotations: dict[str, str | None], version: str | None = None) -> bool:
+        """Merge ``annotations`` into the node's (None removes one); with ``version``, only if
+        the node is still at that resourceVersion: False when it is not."""
+        body: dict[str, Any] = {"metadata": {"annotations": annotations}}
+        if version is not None:
+            body["metadata"]["resourceVersion"] = version
+        answer = self._call("patch nodes", lambda: self._api.patch_node(
+            self.node, body, _content_type="application/merge-patch+json"),
+            conflict_ok=version is not None)
+        return answer is not _CONFLICT
+
+    def pods(self) -> list[dict[str, Any]]:
+        """The pods bound to this node, as JSON."""
+        answer = self._call("list pods", lambda: self._api.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node}", _preload_content=False))
+        return json.loads(answer.data).get("items") or []
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One pod, as JSON; None when it does not exist."""
+        answer = self._call("get pods", lambda: self._api.read_namespaced_pod(
+            name, namespace, _preload_content=False), missing_ok=True)
+        return None if answer is _MISSING else json.loads(answer.data)
+
+    def _call(self, what: str, call: Any, conflict_ok: bool = False,
+              missing_ok: bool = False) -> Any:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
@@ -116,6 +141,10 @@ class NodeStatus:
             return call()
         except ApiException as exc:
             reason = _message(exc)
+            if exc.status == 409 and conflict_ok:
+                return _CONFLICT
+            if exc.status == 404 and missing_ok:
+                return _MISSING
             if exc.status == 403:
                 raise AdvertiseError(f"not allowed to {what} {self.node!r}: {reason}; "
                                      f"{_FIX_RBAC}") from None
@@ -126,6 +155,9 @@ class NodeStatus:
                 from None
         except HTTPError as exc:
             raise AdvertiseError(f"cannot reach the API server to {what}: {exc}") from None
+
+
+_CONFLICT, _MISSING = object(), object()  # what _call answers for a 409 or 404 it was told of
 
 
 def _message(exc: Any) -> str:

@@ -13,8 +13,13 @@ from runtime_hook.node.metrics import NodeCollector, serve
 from runtime_hook.node.nvml import Nvml, NvmlError
 from runtime_hook.node.observe import Observer
 
-if TYPE_CHECKING:  # the agent loads it (and kubernetes) only to advertise
+if TYPE_CHECKING:  # the agent loads them (and kubernetes, grpc) only to advertise, to place
     from runtime_hook.node.advertise import NodeStatus
+    from runtime_hook.node.placement_agent import Placement
+# Where kubelet and the runtime meet vcuda's device plugin, on the node (under --host-root).
+PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
+CDI_DIR = "/var/run/cdi"
 
 
 class Settings(NamedTuple):
@@ -31,6 +36,7 @@ class Settings(NamedTuple):
     run_dirs: list[str]
     advertise: bool
     kubeconfig: str | None
+    placement: bool = False
 
 
 class Advertiser:
@@ -50,8 +56,12 @@ class Advertiser:
         state = os.path.join(settings.host_root, settings.state_dir.lstrip("/"))
         self.inventory = os.path.join(state, INVENTORY_NAME)
 
-    def once(self) -> None:
-        """Read the GPUs; rewrite the inventory and patch the node where they changed."""
+    def once(self) -> list[Gpu] | None:
+        """Read the GPUs; rewrite the inventory and patch the node where they changed.
+
+        Return the GPUs found, None when NVML could not be read.
+        """
+        gpus = None
         try:
             found = self._nvml.gpus(self.problems)
         except NvmlError as exc:  # keep what was advertised: the driver may be restarting
@@ -62,6 +72,7 @@ class Advertiser:
             if self._status is not None:
                 self._advertise(self._status, gpus)
         self.problems.cycle_done()
+        return gpus
 
     def _write_inventory(self, gpus: list[Gpu]) -> None:
         from runtime_hook.node.advertise import update_inventory
@@ -106,13 +117,32 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
     event(log, logging.INFO, "serving", address=settings.address, port=server.server_port,
           node=settings.node, advertise=settings.advertise)
     advertiser = Advertiser(nvml, settings, status, log)
+    placement = _placement(settings, status, log) \
+        if settings.placement and status is not None else None
     try:
         while not stop.is_set():
-            advertiser.once()
+            gpus = advertiser.once()
+            if placement is not None:
+                placement.once(None if gpus is None else [
+                    Gpu(g.uuid, g.index, int(g.memory * settings.memory_scaling)) for g in gpus])
             stop.wait(settings.interval)
     finally:
+        if placement is not None:
+            placement.stop()
         server.shutdown()
         server.server_close()
         thread.join()
         nvml.close()
         event(log, logging.INFO, "stopped")
+
+
+def _placement(settings: Settings, status: NodeStatus, log: logging.Logger) -> Placement:
+    from runtime_hook.contract import resource_names
+    from runtime_hook.node.placement_agent import Paths, Placement
+
+    def on_host(path: str) -> str:
+        return os.path.join(settings.host_root, path.lstrip("/"))
+
+    paths = Paths(on_host(PLUGIN_DIR), on_host(CDI_DIR), on_host(POD_RESOURCES))
+    core_keys = tuple(resource_names(domain)[0] for domain in settings.domains)
+    return Placement(status, paths, core_keys, log)

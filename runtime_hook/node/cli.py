@@ -156,6 +156,13 @@ def _parser() -> argparse.ArgumentParser:
                             "Kubernetes at all)")
     agent.add_argument("--kubeconfig", metavar="FILE",
                        help="credentials (default: the pod's service account)")
+    agent.add_argument("--placement", action=argparse.BooleanOptionalAction, default=False,
+                       help="take part in vcuda's per-GPU placement: publish the GPUs with a "
+                            "heartbeat on the node (vcuda.io/gpus), serve the device plugin "
+                            "of vcuda.io/shared-gpu and vcuda.io/gpu (which gives each "
+                            "container the GPUs its pod was bound with), and prune the "
+                            "node's GPU ledger (default: no; NVIDIA's device plugin then "
+                            "hands out GPUs)")
     return parser
 
 
@@ -192,6 +199,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging
     from runtime_hook.node import agent
 
     domains: tuple[str, ...] = ()
+    if args.placement and not args.advertise:
+        parser.error("run: --placement needs the node's API (drop --no-advertise)")
     if args.advertise:
         if not args.node_name:
             parser.error("run: --node-name (or $NODE_NAME) is needed to advertise; "
@@ -212,6 +221,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging
         run_dirs=args.vcuda_run_dir,
         advertise=args.advertise,
         kubeconfig=args.kubeconfig,
+        placement=args.placement,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -16,7 +16,7 @@ from extender.bind import Binder
 from extender.kube import Credentials, Kube
 from extender.server import ExtenderServer
 from extender.service import Extender
-from runtime_hook.contract import INVENTORY_ANNOTATION, Gpu
+from runtime_hook.contract import INVENTORY_ANNOTATION, SHARED_RESOURCE, WHOLE_RESOURCE, Gpu
 from runtime_hook.placement import encode_inventory
 from tests.fake_cluster_api import FakeClusterApi
 from webhook.logs import make_logger
@@ -43,21 +43,25 @@ def node_object(name: str, memories: list[int], heartbeat: float = NOW,
 
 def pod_object(name: str, cores: int = 0, memory_gib: float = 0, whole: int = 0,
                namespace: str = "team", init: tuple[int, float] | None = None) -> dict[str, Any]:
-    """A pod as the webhook admits it: a shared container (cores, memory) and/or whole GPUs."""
+    """A pod as the webhook admits it with vcuda's device plugin resources: a shared container
+    (cores, memory) and/or whole GPUs."""
     containers, limits_table = [], {}
     if cores:
         containers.append(_container("share", {"docker.com/vcuda-core": str(cores),
                                                "docker.com/vcuda-memory":
-                                                   str(int(memory_gib * 4))}))
+                                                   str(int(memory_gib * 4)),
+                                               SHARED_RESOURCE: "1"}))
         limits_table["share"] = {"cores": cores, "memory": int(memory_gib * GIB)}
     if whole:
-        containers.append(_container("whole", {"docker.com/vcuda-core": str(100 * whole)}))
+        containers.append(_container("whole", {"docker.com/vcuda-core": str(100 * whole),
+                                               WHOLE_RESOURCE: str(whole)}))
     spec: dict[str, Any] = {"containers": containers or [_container("plain", {})],
                             "schedulerName": "vcuda-scheduler"}
     if init:
         spec["initContainers"] = [_container("prepare", {"docker.com/vcuda-core": str(init[0]),
                                                          "docker.com/vcuda-memory":
-                                                             str(int(init[1] * 4))})]
+                                                             str(int(init[1] * 4)),
+                                                         SHARED_RESOURCE: "1"})]
         limits_table["prepare"] = {"cores": init[0], "memory": int(init[1] * GIB)}
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())}
     if limits_table:

@@ -96,7 +96,7 @@ def _settings(tmp_path: Path, kubeconfig: str, **changes: object) -> Settings:
     base = Settings(host_root=str(tmp_path / "host"), state_dir="/run/vcuda", node=NODE,
                     domains=("docker.com", "tencent.com"), memory_scaling=1.0,
                     address="127.0.0.1", port=0, interval=1.0, run_dirs=[], advertise=True,
-                    kubeconfig=kubeconfig)
+                    kubeconfig=kubeconfig, placement=False)
     return base._replace(**changes)
 
 
@@ -216,8 +216,8 @@ def test_a_missing_permission_is_logged_with_the_rbac_fix_and_the_agent_goes_on(
     reason = _skipped(logs)[f"node {NODE}"]
     assert reason.startswith(f"not allowed to patch nodes/status '{NODE}': nodes/status "
                              f'"{NODE}" is forbidden: User "{NODE_AGENT}" cannot patch')
-    assert reason.endswith("grant it with manifests/node-rbac.yaml (get nodes, patch "
-                           "nodes/status)")
+    assert reason.endswith("grant it with manifests/node-rbac.yaml (get and patch nodes, patch "
+                           "nodes/status, get and list pods)")
     assert os.path.exists(advertiser.inventory)  # the hook still gets its inventory
 
 

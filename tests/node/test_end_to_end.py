@@ -45,7 +45,7 @@ class Agent(Endpoint):
         nvml = Nvml(lib)
         settings = Settings(host_root="/", state_dir=str(state), node=NODE, domains=(),
                             memory_scaling=1.0, address="127.0.0.1", port=0, interval=1.0,
-                            run_dirs=[], advertise=False, kubeconfig=None)
+                            run_dirs=[], advertise=False, kubeconfig=None, placement=False)
         self.advertiser = Advertiser(nvml, settings, None, log)
         super().__init__(Observer(nvml, Problems(log, "metrics"), "/", str(state)), NODE)
 

@@ -1,0 +1,257 @@
+"""vcuda's device plugin (kubelet device plugin API v1beta1): hands each container exactly the
+GPUs its pod was bound with, for ``vcuda.io/shared-gpu`` and ``vcuda.io/gpu``.
+
+kubelet never tells a device plugin which pod it allocates for, and picks the device IDs
+itself. So the IDs here are opaque slots, and the GPU behind a slot is decided when kubelet
+has recorded who holds it: ``Allocate`` answers a CDI device named after each slot;
+``PreStartContainer`` (kubelet calls it before it asks the runtime to create the container)
+asks kubelet's pod resources API which pod's container holds these slots, reads that pod's
+assignment from the node's GPU ledger, and writes the slot's CDI spec: the bind mounts of
+``/dev/null`` at ``/var/run/nvidia-container-devices/<uuid>`` by which NVIDIA's container
+runtime exposes a GPU and vcuda's hook learns it. The runtime resolves the CDI device when it
+creates the container. No pod is guessed from its request size, and no lock spans pods: each
+call finds its own container by the IDs kubelet gave it.
+
+A slot whose holder is gone gets a new generation (a new ID) before kubelet can hand it out
+again, so a runtime's cached spec of an old holder can never name a new holder's GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from typing import Any
+
+from runtime_hook.contract import SHARED_RESOURCE, WHOLE_RESOURCE
+from runtime_hook.device_assignment import DEVICE_LIST_DIR, DEVICE_LIST_SOURCE, ENV_NAME
+from runtime_hook.node.logs import event
+
+API_VERSION = "v1beta1"
+CDI_KIND = "vcuda.io/gpu"
+CDI_VERSION = "0.6.0"
+KUBELET_SOCKET = "kubelet.sock"
+SLOTS_PER_GPU = {SHARED_RESOURCE: 100, WHOLE_RESOURCE: 1}  # a share is at least 1% of a GPU
+_PREFIX = {SHARED_RESOURCE: "s", WHOLE_RESOURCE: "w"}
+
+# (resource, device IDs) -> the GPU UUID of each ID; raises Refusal with the reason.
+Resolve = Callable[[str, list[str]], dict[str, str]]
+
+
+def cdi_spec(device: str, gpu: str) -> dict[str, Any]:
+    """The CDI spec that gives ``gpu`` to a container holding ``device``."""
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": [{
+        "name": device,
+        "containerEdits": {
+            "env": [f"{ENV_NAME}={DEVICE_LIST_DIR}"],
+            "mounts": [{"hostPath": DEVICE_LIST_SOURCE,
+                        "containerPath": f"{DEVICE_LIST_DIR}/{gpu}",
+                        "options": ["ro", "nosuid", "noexec", "bind"]}],
+        },
+    }]}
+
+
+class Slots:
+    """The device IDs one resource advertises: ``<s|w><slot>-<generation>``."""
+
+    def __init__(self, resource: str, gpus: int, generation: int) -> None:
+        self._prefix = _PREFIX[resource]
+        self._generations = [generation] * (gpus * SLOTS_PER_GPU[resource])
+        self.changed = threading.Condition()
+        self.version = 0
+
+    def ids(self) -> list[str]:
+        return [f"{self._prefix}{slot:04d}-{gen}" for slot, gen in enumerate(self._generations)]
+
+    def resize(self, gpus: int, resource: str, generation: int) -> None:
+        """Advertise the slots of ``gpus`` GPUs (new slots start at ``generation``)."""
+        wanted = gpus * SLOTS_PER_GPU[resource]
+        with self.changed:
+            if wanted == len(self._generations):
+                return
+            del self._generations[wanted:]
+            self._generations += [generation] * (wanted - len(self._generations))
+            self._bump()
+
+    def retire(self, ids: Iterable[str]) -> None:
+        """Give each of ``ids`` (if still advertised) a new generation."""
+        with self.changed:
+            current = set(self.ids())
+            retired = False
+            for device in ids:
+                if device in current:
+                    slot = int(device[1:].split("-")[0])
+                    self._generations[slot] += 1
+                    retired = True
+            if retired:
+                self._bump()
+
+    def _bump(self) -> None:
+        self.version += 1
+        self.changed.notify_all()
+
+
+class DevicePlugin:
+    """The DevicePlugin service of one resource, served on its own socket."""
+
+    def __init__(self, resource: str, slots: Slots, resolve: Resolve, cdi_dir: str,
+                 log: logging.Logger) -> None:
+        self.resource = resource
+        self.slots = slots
+        self._resolve = resolve
+        self._cdi_dir = cdi_dir
+        self._log = log
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self.slots.changed:
+            self.slots.changed.notify_all()
+
+    # --- the service ------------------------------------------------------------------------
+
+    def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
+        return _messages().DevicePluginOptions(pre_start_required=True,
+                                               get_preferred_allocation_available=False)
+
+    def ListAndWatch(self, request: Any, context: Any) -> Any:
+        messages = _messages()
+        seen = -1
+        while not self._stopping.is_set() and context.is_active():
+            with self.slots.changed:
+                if self.slots.version == seen:
+                    self.slots.changed.wait(timeout=1.0)
+                    continue
+                seen = self.slots.version
+                ids = self.slots.ids()
+            yield messages.ListAndWatchResponse(
+                devices=[messages.Device(ID=device, health="Healthy") for device in ids])
+
+    def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
+        messages = _messages()
+        return messages.PreferredAllocationResponse(container_responses=[
+            messages.ContainerPreferredAllocationResponse(
+                deviceIDs=list(r.must_include_deviceIDs) + [
+                    d for d in r.available_deviceIDs if d not in r.must_include_deviceIDs
+                ][:max(r.allocation_size - len(r.must_include_deviceIDs), 0)])
+            for r in request.container_requests])
+
+    def Allocate(self, request: Any, context: Any) -> Any:
+        messages = _messages()
+        return messages.AllocateResponse(container_responses=[
+            messages.ContainerAllocateResponse(cdi_devices=[
+                messages.CDIDevice(name=f"{CDI_KIND}={device}") for device in r.devices_ids])
+            for r in request.container_requests])
+
+    def PreStartContainer(self, request: Any, context: Any) -> Any:
+        import grpc
+
+        from runtime_hook.node.bound_gpus import Refusal
+
+        ids = list(request.devices_ids)
+        try:
+            gpus = self._resolve(self.resource, ids)
+            for device in ids:
+                self._write_spec(device, gpus[device])
+        except (Refusal, OSError) as exc:
+            event(self._log, logging.WARNING, "prestart_refused", resource=self.resource,
+                  devices=ids, error=str(exc))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"vcuda: {exc}")
+        event(self._log, logging.INFO, "prestart", resource=self.resource,
+              devices=dict(sorted(gpus.items())))
+        return _messages().PreStartContainerResponse()
+
+    # --- CDI specs --------------------------------------------------------------------------
+
+    def spec_path(self, device: str) -> str:
+        return os.path.join(self._cdi_dir, f"vcuda-{device}.json")
+
+    def written(self) -> list[str]:
+        """The device IDs of this resource whose CDI spec is on disk."""
+        prefix = f"vcuda-{_PREFIX[self.resource]}"
+        try:
+            names = os.listdir(self._cdi_dir)
+        except FileNotFoundError:
+            return []
+        return [n[len("vcuda-"):-len(".json")] for n in names
+                if n.startswith(prefix) and n.endswith(".json")]
+
+    def _write_spec(self, device: str, gpu: str) -> None:
+        os.makedirs(self._cdi_dir, mode=0o755, exist_ok=True)
+        path = self.spec_path(device)
+        tmp = f"{path}.tmp"  # not .json: the runtime reads only finished specs
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump(cdi_spec(device, gpu), out)
+        os.replace(tmp, path)
+
+
+_MESSAGES: Any = None
+
+
+def _messages() -> Any:
+    global _MESSAGES
+    if _MESSAGES is None:
+        from runtime_hook.node.protos import load
+
+        _MESSAGES = load("deviceplugin")[0]
+    return _MESSAGES
+
+
+class Served:
+    """One plugin on its socket in kubelet's device-plugins folder, registered with kubelet."""
+
+    def __init__(self, plugin: DevicePlugin, plugin_dir: str, log: logging.Logger) -> None:
+        self.plugin = plugin
+        self._dir = plugin_dir
+        self._log = log
+        name = plugin.resource.replace("/", "-").replace(".", "-")
+        self.endpoint = f"{name}.sock"
+        self.socket = os.path.join(plugin_dir, self.endpoint)
+        self._server: Any = None
+
+    def start(self) -> None:
+        """Serve on the socket (replacing a stale one) and register with kubelet."""
+        import grpc
+
+        from runtime_hook.node.protos import load
+
+        _, services = load("deviceplugin")
+        if os.path.exists(self.socket):
+            os.unlink(self.socket)
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        services.add_DevicePluginServicer_to_server(self.plugin, self._server)
+        self._server.add_insecure_port(f"unix://{self.socket}")
+        self._server.start()
+        self._register()
+
+    def alive(self) -> bool:
+        """False when kubelet removed the socket (it does when it restarts)."""
+        return self._server is not None and os.path.exists(self.socket)
+
+    def stop(self) -> None:
+        self.plugin.stop()
+        if self._server is not None:
+            self._server.stop(grace=1).wait()
+            self._server = None
+
+    def _register(self) -> None:
+        import grpc
+
+        from runtime_hook.node.protos import load
+
+        messages, services = load("deviceplugin")
+        with grpc.insecure_channel(f"unix://{os.path.join(self._dir, KUBELET_SOCKET)}") as channel:
+            services.RegistrationStub(channel).Register(messages.RegisterRequest(
+                version=API_VERSION, endpoint=self.endpoint, resource_name=self.plugin.resource,
+                options=messages.DevicePluginOptions(pre_start_required=True)), timeout=10)
+        event(self._log, logging.INFO, "device_plugin_registered",
+              resource=self.plugin.resource, socket=self.socket)
+
+
+def first_generation() -> int:
+    """Generations start from the clock, so a restarted plugin never reuses an ID."""
+    return int(time.time() * 1000)

@@ -1,0 +1,178 @@
+"""The node side of per-GPU placement, one pass at a time: publish the GPUs with a heartbeat,
+serve the device plugins, retire the slots of containers that are gone, and prune the ledger
+lines of pods that are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runtime_hook.contract import (
+    INVENTORY_ANNOTATION,
+    LEDGER_ANNOTATION,
+    SHARED_RESOURCE,
+    WHOLE_RESOURCE,
+    Gpu,
+)
+from runtime_hook.node.advertise import AdvertiseError, NodeStatus
+from runtime_hook.node.bound_gpus import Refusal, container_gpus
+from runtime_hook.node.device_plugin import (
+    DevicePlugin,
+    Served,
+    Slots,
+    first_generation,
+)
+from runtime_hook.node.logs import Problems, event
+from runtime_hook.placement import (
+    PlacementError,
+    decode_ledger,
+    encode_inventory,
+    encode_ledger,
+)
+
+RESOURCES = (SHARED_RESOURCE, WHOLE_RESOURCE)
+LEDGER_GRACE = 60.0  # seconds a line may wait for its pod's Binding before it is pruned
+_ENDED = ("Succeeded", "Failed")
+
+
+class Paths:
+    """Where kubelet and the runtime meet the plugin, on the node."""
+
+    def __init__(self, plugin_dir: str, cdi_dir: str, pod_resources: str) -> None:
+        self.plugin_dir, self.cdi_dir, self.pod_resources = plugin_dir, cdi_dir, pod_resources
+
+
+class Placement:
+    """Keeps one node's part of placement in step; call :meth:`once` every interval."""
+
+    def __init__(self, status: NodeStatus, paths: Paths, core_keys: tuple[str, ...],
+                 log: logging.Logger, clock: Callable[[], float] = time.time) -> None:
+        self._status = status
+        self._paths = paths
+        self._core_keys = core_keys
+        self._log = log
+        self._clock = clock
+        self.problems = Problems(log, "placement")
+        self._present: set[str] = set()
+        generation = first_generation()
+        self._served = {resource: Served(DevicePlugin(resource, Slots(resource, 0, generation),
+                                                      self.resolve, paths.cdi_dir, log),
+                                         paths.plugin_dir, log)
+                        for resource in RESOURCES}
+
+    def once(self, gpus: list[Gpu] | None) -> None:
+        """One pass; ``gpus`` None: NVML could not be read, so no heartbeat this time."""
+        if gpus is not None:
+            self._present = {gpu.uuid for gpu in gpus}
+            self._step("inventory", lambda: self._status.annotate(
+                {INVENTORY_ANNOTATION: encode_inventory(gpus, int(self._clock()))}))
+            self._step("device plugins", lambda: self._serve(len(gpus)))
+        self._step("slots", self._retire_slots)
+        self._step("ledger", self._prune_ledger)
+        self.problems.cycle_done()
+
+    def stop(self) -> None:
+        for served in self._served.values():
+            served.stop()
+
+    def resolve(self, resource: str, ids: list[str]) -> dict[str, str]:
+        """The GPU of each device ID, from the pod that kubelet says holds them."""
+        holder = self._holder(resource, set(ids))
+        if holder is None:
+            raise Refusal(f"kubelet's pod resources name no container holding {', '.join(ids)} "
+                          f"of {resource}")
+        namespace, name, container = holder
+        pod = self._status.pod(namespace, name)
+        if pod is None:
+            raise Refusal(f"pod {namespace}/{name} is gone")
+        node = self._status.read()
+        try:
+            ledger = decode_ledger(((node.get("metadata") or {}).get("annotations") or {})
+                                   .get(LEDGER_ANNOTATION))
+        except PlacementError as exc:
+            raise Refusal(str(exc)) from None
+        gpus = container_gpus(pod, ledger, self._status.node, container, resource,
+                              self._present, self._core_keys)
+        if len(gpus) == 1:
+            return dict.fromkeys(ids, gpus[0])
+        if len(gpus) != len(ids):
+            raise Refusal(f"container {container} of pod {namespace}/{name} holds {len(ids)} "
+                          f"{resource} and was bound with {len(gpus)} GPUs")
+        return dict(zip(sorted(ids), gpus))
+
+    # --- the steps --------------------------------------------------------------------------
+
+    def _step(self, what: str, step: Callable[[], Any]) -> None:
+        try:
+            step()
+        except (AdvertiseError, OSError, RuntimeError) as exc:
+            self.problems.report(what, what, str(exc))
+
+    def _serve(self, gpus: int) -> None:
+        for resource, served in self._served.items():
+            served.plugin.slots.resize(gpus, resource, first_generation())
+            if not served.alive():
+                served.start()
+
+    def _retire_slots(self) -> None:
+        """Slots whose container is gone lose their spec and get a new ID."""
+        held = self._held()
+        for served in self._served.values():
+            plugin = served.plugin
+            gone = [device for device in plugin.written() if device not in held]
+            for device in gone:
+                os.unlink(plugin.spec_path(device))
+            plugin.slots.retire(gone)
+
+    def _prune_ledger(self) -> None:
+        node = self._status.read()
+        metadata = node.get("metadata") or {}
+        raw = (metadata.get("annotations") or {}).get(LEDGER_ANNOTATION)
+        if raw is None:
+            return
+        ledger = decode_ledger(raw)
+        pods = {(p.get("metadata") or {}).get("uid"): p for p in self._status.pods()}
+        now = self._clock()
+        gone = [uid for uid, entry in ledger.items()
+                if (uid in pods and (pods[uid].get("status") or {}).get("phase") in _ENDED)
+                or (uid not in pods and now - entry.at > LEDGER_GRACE)]
+        if not gone:
+            return
+        kept = {uid: entry for uid, entry in ledger.items() if uid not in gone}
+        if self._status.annotate({LEDGER_ANNOTATION: encode_ledger(kept)},
+                                 metadata.get("resourceVersion")):
+            event(self._log, logging.INFO, "ledger_pruned", node=self._status.node,
+                  pods=sorted(ledger[uid].pod for uid in gone))
+
+    # --- kubelet's pod resources ------------------------------------------------------------
+
+    def _pod_resources(self) -> Any:
+        import grpc
+
+        from runtime_hook.node.protos import load
+
+        messages, services = load("podresources")
+        try:
+            with grpc.insecure_channel(f"unix://{self._paths.pod_resources}") as channel:
+                return services.PodResourcesListerStub(channel).List(
+                    messages.ListPodResourcesRequest(), timeout=10)
+        except grpc.RpcError as exc:
+            raise Refusal(f"kubelet's pod resources API ({self._paths.pod_resources}) did not "
+                          f"answer: {exc.code().name} {exc.details()}") from None
+
+    def _holder(self, resource: str, ids: set[str]) -> tuple[str, str, str] | None:
+        for pod in self._pod_resources().pod_resources:
+            for container in pod.containers:
+                for devices in container.devices:
+                    if devices.resource_name == resource and ids <= set(devices.device_ids):
+                        return pod.namespace, pod.name, container.name
+        return None
+
+    def _held(self) -> set[str]:
+        return {device for pod in self._pod_resources().pod_resources
+                for container in pod.containers for devices in container.devices
+                if devices.resource_name in RESOURCES for device in devices.device_ids}

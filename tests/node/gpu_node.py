@@ -1,0 +1,61 @@
+"""One simulated GPU node for placement: vcuda's node agent (its placement part, with made-up
+GPUs instead of NVML) and a fake kubelet, talking over real unix sockets in a folder."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from runtime_hook.contract import Gpu
+from runtime_hook.node.advertise import NodeStatus
+from runtime_hook.node.placement_agent import Paths, Placement
+from tests.extender.cluster import CORE_KEYS, gpu_uuid
+from tests.fake_cluster_api import FakeClusterApi
+from tests.node.fake_kubelet import FakeKubelet
+
+
+class GpuNode:
+    """A node named ``name`` with GPUs of ``memories`` bytes, under ``root``."""
+
+    def __init__(self, api: FakeClusterApi, root: Path, name: str, memories: list[int],
+                 kubeconfig: str, log: logging.Logger,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.name = name
+        self.gpus = [Gpu(gpu_uuid(name, i), i, memory) for i, memory in enumerate(memories)]
+        self._kubeconfig, self._log, self._clock = kubeconfig, log, clock
+        api.put(f"/api/v1/nodes/{name}", {"apiVersion": "v1", "kind": "Node",
+                                          "metadata": {"name": name}, "spec": {},
+                                          "status": {}})
+        root.mkdir(parents=True, exist_ok=True)
+        self.paths = Paths(str(root / "plugins"), str(root / "cdi"),
+                           str(root / "pod-resources" / "kubelet.sock"))
+        self.kubelet = FakeKubelet(self.paths.plugin_dir, self.paths.pod_resources,
+                                   self.paths.cdi_dir, seed=hash(name) & 0xFFFF)
+        self.kubelet.start()
+        self.agent = self._new_agent()
+
+    def _new_agent(self) -> Placement:
+        return Placement(NodeStatus(self.name, self._kubeconfig), self.paths, CORE_KEYS,
+                         self._log, self._clock)
+
+    def agent_pass(self) -> None:
+        """One pass of the node agent's loop (it runs every --interval)."""
+        self.agent.once(self.gpus)
+
+    def restart_agent(self) -> None:
+        """The node agent's pod is replaced: a new process starts from nothing."""
+        self.agent.stop()
+        self.agent = self._new_agent()
+        self.agent_pass()
+
+    def ready(self) -> None:
+        """Publish and wait until kubelet sees the plugins' devices."""
+        self.agent_pass()
+        for resource, per_gpu in (("vcuda.io/shared-gpu", 100), ("vcuda.io/gpu", 1)):
+            self.kubelet.wait_for_devices(resource, per_gpu * len(self.gpus))
+
+    def stop(self) -> None:
+        self.agent.stop()
+        self.kubelet.stop()

@@ -1,0 +1,145 @@
+"""vcuda's device plugin driven by a fake kubelet over its real gRPC sockets: each container
+gets exactly the GPUs its pod was bound with, and a start that cannot be honoured says why."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runtime_hook.contract import INVENTORY_ANNOTATION, LEDGER_ANNOTATION
+from runtime_hook.placement import decode_inventory, decode_ledger
+from tests.extender.cluster import GIB, RunningExtender, binding_args, gpu_uuid, pod_object
+from tests.fake_cluster_api import FakeClusterApi
+from tests.node.fake_kubelet import StartError
+from tests.node.gpu_node import GpuNode
+
+NODE = "gpu-1"
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[FakeClusterApi]:
+    server = FakeClusterApi()
+    server.start(tmp_path)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def node(api: FakeClusterApi, tmp_path: Path) -> Iterator[GpuNode]:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(api.kubeconfig())
+    gpu_node = GpuNode(api, tmp_path / NODE, NODE, [16 * GIB, 16 * GIB], str(kubeconfig),
+                       logging.getLogger("test"))
+    gpu_node.ready()
+    yield gpu_node
+    gpu_node.stop()
+
+
+@pytest.fixture
+def extender(api: FakeClusterApi, tmp_path: Path, node: GpuNode) -> Iterator[RunningExtender]:
+    running = RunningExtender(api, tmp_path / "extender.log", clock=time.time)
+    yield running
+    running.stop()
+
+
+def bound(api: FakeClusterApi, extender: RunningExtender, pod: dict) -> dict:
+    api.add_pod(pod)
+    assert extender.verb("/bind", binding_args(pod, NODE)) == {}
+    return api.get(f"/api/v1/namespaces/team/pods/{pod['metadata']['name']}")
+
+
+def test_the_agent_publishes_its_gpus_with_a_heartbeat(api: FakeClusterApi,
+                                                       node: GpuNode) -> None:
+    annotations = api.get(f"/api/v1/nodes/{NODE}")["metadata"]["annotations"]
+    inventory = decode_inventory(annotations[INVENTORY_ANNOTATION])
+    assert [g.uuid for g in inventory.gpus] == [gpu_uuid(NODE, 0), gpu_uuid(NODE, 1)]
+    assert inventory.heartbeat > 0
+
+
+def test_two_pods_of_one_size_on_two_gpus_each_get_their_own_whatever_the_order(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    first = bound(api, extender, pod_object("first", cores=60, memory_gib=10))
+    second = bound(api, extender, pod_object("second", cores=60, memory_gib=10))
+    node.kubelet.admit(first)
+    node.kubelet.admit(second)
+    # Started in the other order than admitted: no pod is told apart by its size or turn.
+    assert node.kubelet.start_container("team", "second", "share") == [gpu_uuid(NODE, 1)]
+    assert node.kubelet.start_container("team", "first", "share") == [gpu_uuid(NODE, 0)]
+
+
+def test_whole_gpus_go_to_the_whole_pod_and_never_to_the_shared_one(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    shared = bound(api, extender, pod_object("shared", cores=10, memory_gib=1))
+    whole = bound(api, extender, pod_object("whole", whole=1))
+    for pod in (shared, whole):
+        node.kubelet.admit(pod)
+    got_shared = node.kubelet.start_container("team", "shared", "share")
+    got_whole = node.kubelet.start_container("team", "whole", "whole")
+    assert len(got_whole) == 1 and set(got_shared).isdisjoint(got_whole)
+
+
+def test_a_pod_placed_without_vcudas_scheduler_fails_at_start_with_what_to_do(
+        api: FakeClusterApi, node: GpuNode) -> None:
+    pod = pod_object("stray", cores=10, memory_gib=1)
+    pod["spec"]["nodeName"] = NODE
+    api.add_pod(pod)
+    node.kubelet.admit(pod)
+    with pytest.raises(StartError, match="pod team/stray has no GPU assignment: vcuda's "
+                                         "scheduler did not place it; give it schedulerName "
+                                         "vcuda-scheduler"):
+        node.kubelet.start_container("team", "stray", "share")
+
+
+def test_a_bound_gpu_gone_from_the_node_fails_the_start_naming_the_gpu(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    pod = bound(api, extender, pod_object("p", cores=10, memory_gib=1))
+    node.kubelet.admit(pod)
+    node.gpus = node.gpus[1:]  # GPU 0 fell off the bus
+    node.agent_pass()
+    with pytest.raises(StartError, match=f"GPU {gpu_uuid(NODE, 0)}, given to pod team/p at "
+                                         f"bind, is not on node {NODE} now \\(it has "
+                                         f"{gpu_uuid(NODE, 1)}\\)"):
+        node.kubelet.start_container("team", "p", "share")
+
+
+def test_a_slot_whose_pod_ended_gets_a_new_id_and_its_spec_goes(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    pod = bound(api, extender, pod_object("p", cores=10, memory_gib=1))
+    node.kubelet.admit(pod)
+    node.kubelet.start_container("team", "p", "share")
+    [held] = node.kubelet.held
+    node.kubelet.remove("team", "p")
+    node.agent_pass()
+    node.kubelet.wait_for_devices("vcuda.io/shared-gpu", 200)
+    assert held.ids[0] not in node.kubelet.devices["vcuda.io/shared-gpu"]
+    assert node.agent._served["vcuda.io/shared-gpu"].plugin.written() == []
+
+
+def test_the_ledger_line_of_a_deleted_pod_is_pruned_and_its_room_comes_back(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    pod = bound(api, extender, pod_object("p", cores=10, memory_gib=1))
+    done = bound(api, extender, pod_object("done", cores=10, memory_gib=1))
+    api.objects["/api/v1/namespaces/team/pods/done"]["status"] = {"phase": "Succeeded"}
+    api.objects.pop(f"/api/v1/namespaces/team/pods/{pod['metadata']['name']}")
+    node.agent_pass()
+    ledger = decode_ledger(api.get(f"/api/v1/nodes/{NODE}")["metadata"]["annotations"][
+        LEDGER_ANNOTATION])
+    assert set(ledger) == {pod["metadata"]["uid"]}  # gone from the API, but within the grace
+    node.agent._clock = lambda: time.time() + 120
+    node.agent_pass()
+    assert decode_ledger(api.get(f"/api/v1/nodes/{NODE}")["metadata"]["annotations"][
+        LEDGER_ANNOTATION]) == {}
+    assert done  # ended pods are pruned at once
+
+
+def test_a_restarted_agent_serves_pods_bound_before_it_restarted(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    pod = bound(api, extender, pod_object("p", cores=10, memory_gib=1))
+    node.kubelet.admit(pod)
+    node.restart_agent()
+    node.kubelet.wait_for_devices("vcuda.io/shared-gpu", 200)
+    assert node.kubelet.start_container("team", "p", "share") == [gpu_uuid(NODE, 0)]
