@@ -129,7 +129,7 @@ class Binder:
         uid or resourceVersion moved on, or if the pod is bound already.
         """
         who = f"pod {args.pod_namespace}/{args.pod_name}"
-        metadata = {"name": args.pod_name, "namespace": args.pod_namespace,
+        metadata: dict[str, object] = {"name": args.pod_name, "namespace": args.pod_namespace,
                     "uid": args.pod_uid, "resourceVersion": version}
         if assignment is not None:
             metadata["annotations"] = {ASSIGNMENT_ANNOTATION: encode_assignment(assignment)}

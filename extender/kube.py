@@ -72,7 +72,8 @@ class Kube:
     def __init__(self, credentials: Credentials, connections: int = 32) -> None:
         self._credentials = credentials
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections, ssl=credentials.ssl_context),
+            connector=aiohttp.TCPConnector(limit=connections,
+                                           ssl=credentials.ssl_context or True),
             timeout=aiohttp.ClientTimeout(total=10))
 
     async def close(self) -> None:

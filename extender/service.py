@@ -60,7 +60,9 @@ class Extender:
     def filter(self, body: bytes) -> Outcome:
         """Keep the nodes where the pod fits; raise BadArguments for a malformed body."""
         args = parse_args(body)
-        kept, failed, unresolvable = [], {}, {}
+        kept: list[msgspec.Raw] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
         try:
             demand = pod_demand(args.pod, self._core_keys)
         except DemandError as exc:
