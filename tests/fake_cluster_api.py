@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tests.fake_kube_api import ApiError, conflict, json_body
@@ -141,3 +144,14 @@ class FakeClusterApi(FakeNodesApi):
             version = str(self._revision)
         return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": version},
                 "items": items}
+
+
+@contextmanager
+def running(cert_dir: Path) -> Iterator[FakeClusterApi]:
+    """A started FakeClusterApi (its TLS files in ``cert_dir``), stopped afterwards."""
+    server = FakeClusterApi()
+    server.start(cert_dir)
+    try:
+        yield server
+    finally:
+        server.stop()

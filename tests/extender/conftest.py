@@ -8,15 +8,13 @@ from pathlib import Path
 import pytest
 
 from tests.extender.cluster import RunningExtender
-from tests.fake_cluster_api import FakeClusterApi
+from tests.fake_cluster_api import FakeClusterApi, running
 
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeClusterApi]:
-    server = FakeClusterApi()
-    server.start(tmp_path)
-    yield server
-    server.stop()
+    with running(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from runtime_hook.contract import INVENTORY_ANNOTATION, LEDGER_ANNOTATION
 from runtime_hook.placement import decode_inventory, decode_ledger
 from tests.extender.cluster import GIB, RunningExtender, binding_args, gpu_uuid, pod_object
-from tests.fake_cluster_api import FakeClusterApi
+from tests.fake_cluster_api import FakeClusterApi, running
 from tests.node.fake_kubelet import StartError
 from tests.node.gpu_node import GpuNode
 
@@ -22,10 +22,8 @@ NODE = "gpu-1"
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeClusterApi]:
-    server = FakeClusterApi()
-    server.start(tmp_path)
-    yield server
-    server.stop()
+    with running(tmp_path) as server:
+        yield server
 
 
 @pytest.fixture
