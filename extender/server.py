@@ -19,7 +19,8 @@ from extender.service import Extender, Outcome
 from extender.wire import BadArguments
 from webhook.config import Config, ConfigError
 from webhook.logs import make_logger
-from webhook.serving import Serving
+from webhook.server import positive_seconds
+from webhook.serving import BodyRefused, Guards, Serving
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8888
@@ -34,7 +35,9 @@ class ExtenderServer:
                  certificates: CertificateReloader | None = None) -> None:
         self._extender = extender
         self._log = log
-        self._serving = Serving(self._dispatch, MAX_BODY, certificates)
+        # Two bodies of the largest size at once: the scheduler sends one at a time.
+        self._serving = Serving(self._dispatch, MAX_BODY, certificates,
+                                guards=Guards(max_buffered=4 * MAX_BODY), log=log)
         self._routes = {("POST", "/filter"): self._filter, ("POST", "/prioritize"):
                         self._prioritize, ("POST", "/bind"): self._bind,
                         ("GET", "/healthz"): self._ok, ("GET", "/readyz"): self._ok}
@@ -67,20 +70,20 @@ class ExtenderServer:
 
     async def _answer(self, request: web.BaseRequest, verb: Any) -> web.Response:
         try:
-            body = await request.read()
+            body = await self._serving.read_body(request)
             outcome = verb(body)
             if asyncio.iscoroutine(outcome):
                 outcome = await outcome
-        except web.HTTPRequestEntityTooLarge:
-            return self._refuse(request, f"the body is larger than {MAX_BODY} bytes")
+        except BodyRefused as exc:
+            return self._refuse(request, exc.message, exc.status)
         except BadArguments as exc:
             return self._refuse(request, str(exc))
         self._log_outcome(outcome)
         return web.Response(body=outcome.body, content_type="application/json")
 
-    def _refuse(self, request: web.BaseRequest, message: str) -> web.Response:
+    def _refuse(self, request: web.BaseRequest, message: str, status: int = 400) -> web.Response:
         self._log.warning("bad_request", path=request.path, reason=message)
-        return web.Response(status=400, text=f"bad extender request: {message}\n")
+        return web.Response(status=status, text=f"bad extender request: {message}\n")
 
     def _log_outcome(self, outcome: Outcome) -> None:
         if outcome.event == "bind_failed":
@@ -106,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategy", choices=STRATEGIES, default="binpack",
                         help="binpack: fill the fullest GPU and node that fit (default); "
                              "spread: the emptiest")
-    parser.add_argument("--max-age", type=float, default=DEFAULT_MAX_AGE, metavar="SECONDS",
+    parser.add_argument("--max-age", type=positive_seconds, default=DEFAULT_MAX_AGE,
+                        metavar="SECONDS",
                         help="a node whose agent last published its GPUs longer ago is left "
                              f"out (default: {DEFAULT_MAX_AGE:g}; the agent publishes every "
                              "--interval, 30 s by default)")
@@ -127,8 +131,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.cert_file) != bool(args.key_file):
         parser.error("--cert-file and --key-file go together")
-    if args.max_age <= 0:
-        parser.error("--max-age must be more than 0")
     try:
         config = Config(domains=tuple(args.domain)) if args.domain else Config()
     except ConfigError as exc:

@@ -8,14 +8,17 @@ from webhook.config import Config
 from webhook.policy import Decision, decide
 from webhook.review import BadReview, ReviewRequest, parse_review, render_response
 
-OUTCOMES = ("allowed", "patched", "denied", "invalid")
+# invalid: a 400 (no review to answer); refused: a body not read (too slow, server
+# full: 408, 503); error: the webhook failed (500).
+OUTCOMES = ("allowed", "patched", "denied", "invalid", "refused", "error")
 
 
 class Answer(msgspec.Struct, frozen=True):
     """The HTTP answer to one body, and what was decided, for metrics and the log.
 
     Attributes:
-        status: 200, or 400 for a body with no review to answer.
+        status: 200; 400 for a body with no review to answer; 408 or 503 for a body not
+            read; 500 when the webhook failed.
         body: the AdmissionReview response, or the 400's message.
         outcome: one of OUTCOMES; "allowed" means allowed without a patch.
         reason: the denial's message, the patched paths, or why the body was refused.
@@ -54,6 +57,8 @@ def admit(body: bytes, config: Config) -> Answer:
                   decision.warnings, request)
 
 
-def refuse(message: str) -> Answer:
-    """A 400 answer whose body is ``message``."""
-    return Answer(400, f"bad AdmissionReview: {message}\n".encode(), "invalid", message)
+def refuse(message: str, status: int = 400) -> Answer:
+    """An answer of HTTP ``status`` (400, 408, 500, 503) whose body is ``message``."""
+    outcome = {400: "invalid", 500: "error"}.get(status, "refused")
+    text = f"bad AdmissionReview: {message}" if status == 400 else f"not reviewed: {message}"
+    return Answer(status, f"{text}\n".encode(), outcome, message)

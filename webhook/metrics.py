@@ -1,9 +1,9 @@
-"""Prometheus metrics of the webhook: reviews by decision, latency, certificate expiry."""
+"""Prometheus metrics of the webhook: reviews by decision, latency, certificate expiry, guards."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -27,8 +27,13 @@ class Metrics:
     event loop alone), which keeps metrics off the cost of each review.
     """
 
-    def __init__(self, certificate_seconds_left: Callable[[], float]) -> None:
-        """Args: certificate_seconds_left: read at each scrape for the expiry gauge."""
+    def __init__(self, certificate_seconds_left: Callable[[], float],
+                 connections_closed: Callable[[], Mapping[str, int]] = dict) -> None:
+        """Args:
+            certificate_seconds_left: read at each scrape for the expiry gauge.
+            connections_closed: read at each scrape: connections the server closed, by reason.
+        """
+        self._connections_closed = connections_closed
         self._reviews = dict.fromkeys(OUTCOMES, 0)
         self._buckets = [0] * (len(_LATENCY_BOUNDS) + 1)  # the last one is +Inf
         self._seconds = 0.0
@@ -57,6 +62,12 @@ class Metrics:
         yield HistogramMetricFamily("vcuda_webhook_review_seconds",
                                     "Time from request to answer of /mutate",
                                     buckets=buckets, sum_value=self._seconds)
+        closed = CounterMetricFamily("vcuda_webhook_connections_closed",
+                                     "Connections closed by a guard (too many, too slow)",
+                                     labels=["reason"])
+        for reason, count in self._connections_closed().items():
+            closed.add_metric([reason], count)
+        yield closed
         yield GaugeMetricFamily("vcuda_webhook_certificate_expiry_seconds",
                                 "Seconds until the serving certificate expires",
                                 value=self._certificate_seconds_left())

@@ -85,6 +85,8 @@ def parse_review(body: bytes) -> ReviewRequest:
         review = _DECODER.decode(body)
     except msgspec.DecodeError as exc:
         return _parse_malformed(body, exc)
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise BadReview(_unreadable(exc)) from None
     request, uid = _check_envelope(review.api_version, review.kind, review.request,
                                    review.request and review.request.uid)
     kind = request.kind
@@ -128,6 +130,8 @@ def _parse_malformed(body: bytes, error: msgspec.DecodeError) -> ReviewRequest:
         review = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise BadReview(f"body is not JSON: {exc}") from None
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise BadReview(_unreadable(exc)) from None
     if not isinstance(review, dict):
         raise BadReview("body is not a JSON object")
     found = review.get("request")
@@ -146,6 +150,12 @@ def _parse_malformed(body: bytes, error: msgspec.DecodeError) -> ReviewRequest:
         dry_run=request.get("dryRun") is True,
         malformed=str(error).replace("$.request.", "") if operation in _REVIEWED_OPERATIONS
         else "")
+
+
+def _unreadable(error: UnicodeDecodeError | RecursionError) -> str:
+    if isinstance(error, UnicodeDecodeError):
+        return f"body is not UTF-8: a string holds byte 0x{error.object[error.start]:02x}"
+    return "body is nested too deep to be an AdmissionReview"
 
 
 def _check_envelope(api_version: Any, kind: Any, request: _Request_ | None,

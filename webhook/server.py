@@ -22,7 +22,7 @@ from webhook.logs import make_logger
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.pki import write_self_signed
 from webhook.review import MAX_BODY, body_too_large
-from webhook.serving import Serving
+from webhook.serving import DEFAULT_GUARDS, BodyRefused, Guards, Serving
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8443
@@ -31,11 +31,15 @@ DEFAULT_PORT = 8443
 class _Handlers:
     """The routes and their handlers; /mutate only moves bytes, times, counts and logs."""
 
-    def __init__(self, config: Config, certificates: CertificateReloader, log: Any) -> None:
+    def __init__(self, config: Config, certificates: CertificateReloader, log: Any,
+                 reload_interval: float, guards: Guards) -> None:
         self._config = config
         self._certificates = certificates
         self._log = log
-        self.metrics = Metrics(certificates.seconds_left)
+        # The API server's cap on a review, instead of aiohttp's default of 1 MiB.
+        self.serving = Serving(self.dispatch, MAX_BODY, certificates, reload_interval, guards,
+                               log)
+        self.metrics = Metrics(certificates.seconds_left, lambda: self.serving.closed)
         self._routes = {("POST", "/mutate"): self.mutate, ("GET", "/healthz"): self.healthz,
                         ("GET", "/readyz"): self.readyz, ("GET", "/metrics"): self.metrics_text}
 
@@ -53,11 +57,14 @@ class _Handlers:
     async def mutate(self, request: web.BaseRequest) -> web.Response:
         started = perf_counter()
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            answer = refuse(body_too_large(request.content_length))
-        else:
-            answer = admit(body, self._config)
+            answer = admit(await self.serving.read_body(request), self._config)
+        except BodyRefused as exc:
+            answer = refuse(body_too_large(request.content_length) if exc.status == 413
+                            else exc.message, 400 if exc.status == 413 else exc.status)
+        except Exception as exc:  # a bug: answered, logged and counted, never a traceback page
+            self._log.exception("review_failed", error=f"{type(exc).__name__}: {exc}")
+            answer = refuse(f"the webhook failed on this review ({type(exc).__name__}); "
+                            "see its log", 500)
         self.metrics.observe(answer.outcome, perf_counter() - started)
         self._log_answer(answer)
         return web.Response(status=answer.status, body=answer.body,
@@ -96,16 +103,16 @@ class WebhookServer:
     """
 
     def __init__(self, config: Config, certificates: CertificateReloader, log: Any,
-                 reload_interval: float = 1.0) -> None:
+                 reload_interval: float = 1.0, guards: Guards = DEFAULT_GUARDS) -> None:
         """Args:
             config: the policy settings.
             certificates: owner of the SSLContext served with.
             log: a structlog logger (see ``webhook.logs.make_logger``).
             reload_interval: seconds between looks at the certificate files.
+            guards: what one client may hold of the server (connections, bytes, time).
         """
-        self._handlers = _Handlers(config, certificates, log)
-        # The API server's cap on a review, instead of aiohttp's default of 1 MiB.
-        self._serving = Serving(self._handlers.dispatch, MAX_BODY, certificates, reload_interval)
+        self._handlers = _Handlers(config, certificates, log, reload_interval, guards)
+        self._serving = self._handlers.serving
 
     async def start(self, host: str | None, port: int) -> int:
         """Listen on ``host`` (None: every address) and ``port`` (0: any); return the port."""
@@ -116,8 +123,8 @@ class WebhookServer:
         await self._serving.stop()
 
 
-def _interval(text: str) -> float:
-    """A number of seconds more than 0, and finite (NaN and inf would spin or never wake)."""
+def positive_seconds(text: str) -> float:
+    """argparse type: seconds, more than 0 and finite (NaN and inf would spin or never wake)."""
     try:
         value = float(text)
     except ValueError:
@@ -150,9 +157,27 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="JSON policy settings (keys in README.md, section Webhook); "
                              "keys left out keep their defaults")
-    parser.add_argument("--reload-interval", type=_interval, default=1.0, metavar="SECONDS",
+    parser.add_argument("--reload-interval", type=positive_seconds, default=1.0, metavar="SECONDS",
                         help="how often to look for a new certificate and key (default: 1)")
+    guards = DEFAULT_GUARDS
+    parser.add_argument("--max-connections", type=_count, default=guards.max_connections,
+                        metavar="N", help="open connections served at once; more are closed "
+                                          "at once (default: %(default)s)")
+    parser.add_argument("--max-buffered-mib", type=_count,
+                        default=guards.max_buffered >> 20, metavar="MIB",
+                        help="MiB of request bodies held at once over all connections (a body "
+                             "counts twice); past it a review gets 503 (default: %(default)s)")
+    parser.add_argument("--read-timeout", type=positive_seconds, default=guards.body_timeout,
+                        metavar="SECONDS",
+                        help="seconds a client has for a request's head, and again for its "
+                             "body; an idle connection is closed after it (default: %(default)s)")
     return parser
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, at least 1")
+    return int(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -180,7 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             certificates = CertificateReloader(cert_file, key_file, log)
         except CertificateError as exc:
             parser.error(str(exc))
-        webhook = WebhookServer(config, certificates, log, args.reload_interval)
+        guards = Guards(max_connections=args.max_connections,
+                        max_buffered=args.max_buffered_mib << 20,
+                        head_timeout=args.read_timeout, body_timeout=args.read_timeout)
+        webhook = WebhookServer(config, certificates, log, args.reload_interval, guards)
         asyncio.run(_serve(webhook, args.host, args.port, config, log))
     return 0
 

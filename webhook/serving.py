@@ -2,16 +2,30 @@
 
 The webhook and the scheduler extender both serve this way: a few fixed routes need no
 router or middleware, and that layer is a measurable part of each request's cost.
+
+Whoever can open a connection to the port must not be able to take the
+process down, so the server holds each client to :class:`Guards`: a cap on
+open connections, on the bytes of request bodies held at once (all
+connections together), a deadline for the TLS handshake, for a request's head
+(from connecting, or from the last answer on a kept-alive connection) and for
+its body. A body is read only through :meth:`Serving.read_body`, which keeps
+that count, refuses compressed bodies (nothing is inflated) and answers a
+refusal as :class:`BodyRefused`. Large buffers go back to the system when freed
+(:func:`_return_freed_memory`), so memory taken by a burst is not kept.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from time import monotonic
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from webhook.tls import CertificateReloader
 
@@ -19,9 +33,85 @@ if TYPE_CHECKING:  # the parts of a request that aiohttp hands a request factory
     from aiohttp.abc import AbstractStreamWriter
     from aiohttp.http import RawRequestMessage
     from aiohttp.streams import StreamReader
-    from aiohttp.web_protocol import RequestHandler
 
 Dispatch = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+CLOSE_REASONS = ("connection_limit", "head_timeout", "body_timeout")
+_CHUNK = 64 << 10
+_M_MMAP_THRESHOLD = -3  # mallopt(3)
+
+
+@dataclass(frozen=True)
+class Guards:
+    """What one client may hold of the server.
+
+    Attributes:
+        max_connections: open connections (past it, a new one is closed at once).
+        max_buffered: bytes of request bodies held at once over all connections
+            (a body counts twice: its chunks and the joined copy).
+        handshake_timeout: seconds for a TLS handshake.
+        head_timeout: seconds for a request's head to arrive after connecting or
+            after the previous answer; an idle kept-alive connection is closed then.
+        body_timeout: seconds for a request's whole body to arrive.
+    """
+
+    max_connections: int = 128
+    max_buffered: int = 64 << 20
+    handshake_timeout: float = 5.0
+    head_timeout: float = 10.0
+    body_timeout: float = 10.0
+
+
+DEFAULT_GUARDS = Guards()
+
+
+class BodyRefused(Exception):
+    """A body that is not read: ``status`` and a one-line ``message`` for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class _GuardedServer(web.Server):
+    """aiohttp's server, closing connections over the cap and noting when each went idle."""
+
+    def __init__(self, dispatch: Dispatch, guards: Guards, closed: dict[str, int],
+                 **kwargs: Any) -> None:
+        super().__init__(dispatch, **kwargs)
+        self._guards = guards
+        self._closed = closed
+        # When each connection last had no request in hand; None while one is handled.
+        self.idle_since: dict[RequestHandler, float | None] = {}
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        if len(self.idle_since) >= self._guards.max_connections:
+            self._closed["connection_limit"] += 1
+            transport.abort()
+            return
+        self.idle_since[handler] = monotonic()
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self.idle_since.pop(handler, None)
+        super().connection_lost(handler, exc)
+
+
+class _Site(web.TCPSite):
+    """A TCP site whose TLS handshakes have a deadline (asyncio's default is 60 s)."""
+
+    def __init__(self, runner: web.ServerRunner, host: str | None, port: int,
+                 context: Any, handshake_timeout: float) -> None:
+        super().__init__(runner, host, port, ssl_context=context)
+        self._handshake_timeout = handshake_timeout
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            server, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+            ssl_handshake_timeout=self._handshake_timeout if self._ssl_context else None)
 
 
 class Serving:
@@ -29,22 +119,37 @@ class Serving:
 
     def __init__(self, dispatch: Dispatch, max_body: int,
                  certificates: CertificateReloader | None = None,
-                 reload_interval: float = 1.0) -> None:
+                 reload_interval: float = 1.0, guards: Guards = DEFAULT_GUARDS,
+                 log: Any = None) -> None:
         """Args:
             dispatch: answers every request.
-            max_body: the largest request body accepted (aiohttp's default is 1 MiB).
+            max_body: the largest request body accepted.
             certificates: serve HTTPS with these, polled every ``reload_interval``
                 seconds; None: plain HTTP.
+            guards: what one client may hold (see :class:`Guards`).
+            log: a structlog logger for connections closed by a guard; None: not logged.
         """
         self._dispatch = dispatch
         self._max_body = max_body
         self._certificates = certificates
         self._reload_interval = reload_interval
+        self._guards = guards
+        self._log = log
+        self._buffered = 0
+        self._held: dict[int, int] = {}  # body bytes counted, by id() of the request
+        self.closed = dict.fromkeys(CLOSE_REASONS, 0)  # connections closed by a guard
+        self._server: _GuardedServer | None = None
         self._runner: web.ServerRunner | None = None
-        self._watcher: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of request bodies held now, as counted against ``Guards.max_buffered``."""
+        return self._buffered
 
     async def start(self, host: str | None, port: int) -> int:
         """Listen on ``host`` (None: every address) and ``port`` (0: any); return the port."""
+        _return_freed_memory()
         loop = asyncio.get_running_loop()
         max_body = self._max_body
 
@@ -54,20 +159,123 @@ class Serving:
             return web.BaseRequest(message, payload, protocol, writer, task, loop,
                                    client_max_size=max_body)
 
-        server = web.Server(self._dispatch, request_factory=make_request, access_log=None)
-        self._runner = web.ServerRunner(server, shutdown_timeout=10)
+        self._server = _GuardedServer(
+            self._guarded, self._guards, self.closed, request_factory=make_request,
+            access_log=None, auto_decompress=False, max_headers=32, lingering_time=1.0,
+            # A backstop: the head deadline closes idle connections first, and counts them.
+            keepalive_timeout=2 * self._guards.head_timeout + 1)
+        self._runner = web.ServerRunner(self._server, shutdown_timeout=10)
         await self._runner.setup()
         context = self._certificates.context if self._certificates else None
-        await web.TCPSite(self._runner, host, port, ssl_context=context).start()
+        await _Site(self._runner, host, port, context, self._guards.handshake_timeout).start()
+        self._tasks.append(loop.create_task(self._close_slow_heads()))
         if self._certificates is not None:
-            self._watcher = loop.create_task(self._certificates.watch(self._reload_interval))
+            self._tasks.append(loop.create_task(self._certificates.watch(self._reload_interval)))
         return self._runner.addresses[0][1]
 
     async def stop(self) -> None:
         """Stop polling, stop listening, and let requests in progress finish (10 s at most)."""
-        if self._watcher is not None:
-            self._watcher.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+                await task
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def read_body(self, request: web.BaseRequest) -> bytes:
+        """Return the request's body; raise BodyRefused when it is not to be read.
+
+        Refused: a ``Content-Encoding`` other than identity (400), a body over
+        ``max_body`` (413), one that would pass ``Guards.max_buffered`` (503),
+        one that does not arrive within ``Guards.body_timeout`` (408). The
+        bytes stay counted until the request is answered.
+        """
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise BodyRefused(400, f"Content-Encoding {encoding[:40]!r} is not accepted: "
+                                   "send the body uncompressed")
+        length = request.content_length
+        if length is not None:
+            self._check_size(length)
+            self._reserve(request, 2 * length)
+        try:
+            return await asyncio.wait_for(self._read(request, length), self._guards.body_timeout)
+        except asyncio.TimeoutError:
+            self._note_closed("body_timeout", request)
+            raise BodyRefused(408, f"the body did not arrive within "
+                                   f"{self._guards.body_timeout:g} s") from None
+
+    async def _read(self, request: web.BaseRequest, length: int | None) -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.content.iter_chunked(_CHUNK):
+            size += len(chunk)
+            self._check_size(size)
+            if length is None:
+                self._reserve(request, 2 * len(chunk))
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _check_size(self, size: int) -> None:
+        if size > self._max_body:
+            raise BodyRefused(413, f"the body is over the {self._max_body}-byte limit: "
+                                   f"got {size} bytes or more")
+
+    def _reserve(self, request: web.BaseRequest, size: int) -> None:
+        if self._buffered + size > self._guards.max_buffered:
+            raise BodyRefused(503, f"the server holds {self._buffered} bytes of request bodies "
+                                   f"already, its most ({self._guards.max_buffered}); retry")
+        self._buffered += size
+        self._held[id(request)] = self._held.get(id(request), 0) + size
+
+    async def _guarded(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Dispatch with the connection marked busy; free what its body held afterwards."""
+        idle = self._server.idle_since if self._server else {}
+        if request.protocol in idle:
+            idle[request.protocol] = None
+        try:
+            response = await self._dispatch(request)
+            if not request.content.at_eof():
+                response.force_close()  # the rest of a refused body is not read
+            return response
+        finally:
+            self._buffered -= self._held.pop(id(request), 0)
+            if request.protocol in idle:
+                idle[request.protocol] = monotonic()
+
+    async def _close_slow_heads(self) -> None:
+        """Close connections that sent no whole request head within ``head_timeout``."""
+        timeout = self._guards.head_timeout
+        while True:
+            await asyncio.sleep(min(timeout / 4, 1.0))
+            assert self._server is not None
+            now = monotonic()
+            for handler, since in list(self._server.idle_since.items()):
+                if since is not None and now - since > timeout and handler.transport:
+                    del self._server.idle_since[handler]
+                    self.closed["head_timeout"] += 1
+                    handler.transport.close()
+                    if self._log is not None:
+                        self._log.warning("connection_closed", reason="head_timeout",
+                                          peer=_peer(handler.transport), seconds=timeout)
+
+    def _note_closed(self, reason: str, request: web.BaseRequest) -> None:
+        self.closed[reason] += 1
+        if self._log is not None:
+            self._log.warning("connection_closed", reason=reason,
+                              peer=_peer(request.transport), path=request.path)
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str:
+    peer = transport.get_extra_info("peername") if transport else None
+    return f"{peer[0]}:{peer[1]}" if peer else "unknown"
+
+
+def _return_freed_memory() -> None:
+    """Have glibc give buffers of 128 KiB or more back to the system when they are freed.
+
+    Its default threshold rises to the size of the largest buffer freed (up
+    to 32 MiB), after which bodies of a few MiB are carved from the heap and
+    stay in the process after a burst. Other C libraries are left as they are.
+    """
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, 128 << 10)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from extender.server import main as extender_main
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LEDGER_ANNOTATION
 from runtime_hook.placement import decode_assignment, decode_ledger
 from tests.extender.cluster import (
@@ -180,3 +181,12 @@ def test_malformed_arguments_get_400_with_a_message(extender: RunningExtender, p
     assert status == 400
     assert payload.decode().startswith("bad extender request: ")
     assert message in payload.decode()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_max_age_must_be_a_finite_number_of_seconds(
+        value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        extender_main(["--max-age", value])
+    assert done.value.code == 2
+    assert f"argument --max-age: {value!r} is not a number of seconds" in capsys.readouterr().err

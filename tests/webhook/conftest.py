@@ -20,6 +20,7 @@ from webhook.config import Config
 from webhook.logs import make_logger
 from webhook.pki import KeyPair, issue_serving_cert, make_ca
 from webhook.server import WebhookServer
+from webhook.serving import DEFAULT_GUARDS, Guards
 from webhook.tls import CertificateReloader
 
 RELOAD_INTERVAL = 0.05
@@ -158,11 +159,11 @@ def secret(tmp_path: Path, ca: KeyPair) -> SecretVolume:
 
 
 def start_server(secret: SecretVolume, client: ssl.SSLContext, log_file: Path,
-                 config: Config | None = None) -> RunningServer:
+                 config: Config | None = None, guards: Guards = DEFAULT_GUARDS) -> RunningServer:
     stream = log_file.open("ab")
     log = make_logger(stream)
     certificates = CertificateReloader(secret.cert_file, secret.key_file, log)
-    webhook = WebhookServer(config or Config(), certificates, log, RELOAD_INTERVAL)
+    webhook = WebhookServer(config or Config(), certificates, log, RELOAD_INTERVAL, guards)
     return RunningServer(webhook, client, log_file, stream)
 
 
