@@ -11,7 +11,7 @@ import sys
 from typing import NamedTuple
 
 from demo.gpu import GIB, GpuSearch, find_gpus
-from runtime_hook.busybox_root import BUSYBOX
+from tests.busybox_root import BUSYBOX
 
 # The modules the webhook and the demo's client import; pip names where they differ.
 MODULES = {"aiohttp": "aiohttp", "msgspec": "msgspec", "structlog": "structlog",

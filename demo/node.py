@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from demo.commands import REPO
-from runtime_hook.busybox_root import make_busybox_root
 from runtime_hook.contract import (
     ACCOUNT_PATH,
     ANNOTATION_DOMAIN,
@@ -31,6 +30,7 @@ from runtime_hook.contract import (
     write_inventory,
 )
 from runtime_hook.device_assignment import device_plugin_spec
+from tests.busybox_root import make_busybox_root
 
 BASE_SPEC = REPO / "manifests" / "node" / "base-runtime-spec.json"
 BUILT_LIBRARY = REPO / "cshim" / "build" / "libvcuda.so"

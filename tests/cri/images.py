@@ -16,7 +16,7 @@ import platform
 import tarfile
 from pathlib import Path
 
-from runtime_hook.busybox_root import BUSYBOX
+from tests.busybox_root import BUSYBOX
 
 PAUSE = "localhost/vcuda-test/pause:1"
 BUSYBOX_IMAGE = "localhost/vcuda-test/busybox:1"

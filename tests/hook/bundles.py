@@ -10,8 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime_hook.busybox_root import make_busybox_root
 from runtime_hook.device_assignment import device_plugin_spec
+from tests.busybox_root import make_busybox_root
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK_SCRIPT = REPO / "runtime_hook" / "oci_hook.py"

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime_hook.busybox_root import BUSYBOX
+from tests.busybox_root import BUSYBOX
 from tests.hook.bundles import snapshot
 
 REPO = Path(__file__).resolve().parents[2]

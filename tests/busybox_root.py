@@ -1,7 +1,7 @@
 """A container root of busybox-static alone, for real containers where no image store exists.
 
-The demo, the hook's tests and its benchmark run real runtimes on such roots.
-The hook itself never imports this module.
+The demo, the tests and the hook's benchmark run real runtimes on such roots;
+all of them run from a checkout, and nothing installed imports this module.
 """
 
 from __future__ import annotations
