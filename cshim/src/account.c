@@ -73,6 +73,23 @@ uint64_t vc_account_used(int dev)
     return used;
 }
 
+unsigned vc_account_processes(int dev, struct vc_account_process *out, unsigned max)
+{
+    struct vc_region *r = vc_region();
+    int cancel;
+    if (dev < 0 || !vc_region_lock(r, &r->lock, &cancel))
+        return 0;
+    vc_region_reap_stale(r);
+    unsigned n = 0;
+    for (uint32_t i = 0; i < r->slot_bound && i < VC_REGION_SLOTS; i++) {
+        const struct vc_slot *s = &r->slots[i];
+        if (s->pid != 0 && s->used[dev] != 0 && n++ < max)
+            out[n - 1] = (struct vc_account_process){s->pid, s->used[dev]};
+    }
+    vc_region_unlock(&r->lock, cancel);
+    return n;
+}
+
 void vc_account_forked(void) { own = NULL; }
 
 /* At exit the driver frees this process's memory: free its slot at once rather

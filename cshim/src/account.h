@@ -18,6 +18,17 @@ void vc_account_add(int dev, int64_t delta);
 /* Bytes the whole container holds on dev; sweeps dead processes at most once a second. */
 uint64_t vc_account_used(int dev);
 
+/* A process of the container and the bytes it holds on a device. */
+struct vc_account_process {
+    int32_t pid;
+    uint64_t bytes;
+};
+
+/* The container's processes that hold memory on dev (at most max of them
+ * into out), after the same sweep as vc_account_used; returns how many
+ * there are. Their bytes add up to what vc_account_used gives. */
+unsigned vc_account_processes(int dev, struct vc_account_process *out, unsigned max);
+
 /* In a forked child: the parent's slot is not ours. */
 void vc_account_forked(void);
 

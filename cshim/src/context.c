@@ -8,6 +8,7 @@
 #include "driver.h"
 #include "log.h"
 #include "memory.h"
+#include "nvml.h"
 #include "pacer.h"
 #include "setup.h"
 #include "track.h"
@@ -51,19 +52,11 @@ static uint64_t measured_size[ORDINALS];
 static struct created created[MAX_CREATED];
 static unsigned ncreated;
 
-static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
-static bool nvml_ready;
-
-static void init_nvml(void) { nvml_ready = vc_real_nvmlInit_v2() == NVML_SUCCESS; }
-
 /* The device's used bytes as NVML sees them (all processes on it). */
 static bool device_used(const char *uuid, uint64_t *used)
 {
-    pthread_once(&nvml_once, init_nvml);
-    nvmlDevice_t handle;
     nvmlMemory_t memory;
-    if (!nvml_ready || vc_real_nvmlDeviceGetHandleByUUID(uuid, &handle) != NVML_SUCCESS
-        || vc_real_nvmlDeviceGetMemoryInfo(handle, &memory) != NVML_SUCCESS)
+    if (!vc_nvml_memory(uuid, &memory))
         return false;
     *used = memory.used;
     return true;

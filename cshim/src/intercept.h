@@ -130,7 +130,16 @@
     CU(cuDeviceGraphMemTrim, (CUdevice device), (device))                                           \
     NVML(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory), (device, memory))    \
     NVML(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t *memory),                \
-         (device, memory))
+         (device, memory))                                                                          \
+    NVML(nvmlDeviceGetComputeRunningProcesses,                                                      \
+         (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v1_t *infos),               \
+         (device, infoCount, infos))                                                                \
+    NVML(nvmlDeviceGetComputeRunningProcesses_v2,                                                   \
+         (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos),               \
+         (device, infoCount, infos))                                                                \
+    NVML(nvmlDeviceGetComputeRunningProcesses_v3,                                                   \
+         (nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_v2_t *infos),               \
+         (device, infoCount, infos))
 
 #define VC_HELPERS(CU, NVML)                                                                       \
     CU(cuCtxGetCurrent, (CUcontext *pctx), (pctx))                                                  \

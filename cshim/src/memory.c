@@ -7,6 +7,7 @@
 #include "account.h"
 #include "driver.h"
 #include "graphs.h"
+#include "nvml.h"
 #include "pools.h"
 #include "track.h"
 
@@ -34,8 +35,7 @@ CUresult vc_memory_charge(const struct vc_device *d, uint64_t bytes)
 {
     if (vc_account_reserve(d->index, bytes, d->limit))
         return CUDA_SUCCESS;
-    vc_pools_refresh();
-    vc_graphs_refresh();
+    vc_memory_refresh();
     return vc_account_reserve(d->index, bytes, d->limit) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -240,10 +240,22 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
     return release(VC_KIND_HANDLE, handle);
 }
 
-void vc_memory_report(const struct vc_device *d, uint64_t *total, uint64_t *free, uint64_t *used)
+void vc_memory_refresh(void)
 {
     vc_pools_refresh();
     vc_graphs_refresh();
+}
+
+void vc_memory_report(const struct vc_device *d, uint64_t *total, uint64_t *free, uint64_t *used)
+{
+    /* The device's figures from one source (NVML, where it answers), so that
+     * the CUDA and NVML views of a limited device agree. */
+    nvmlMemory_t device;
+    if (vc_nvml_memory(d->uuid, &device)) {
+        *total = device.total;
+        *free = device.free;
+    }
+    vc_memory_refresh();
     *used = vc_account_used(d->index);
     uint64_t limit = d->limit < *total ? d->limit : *total;
     uint64_t left = limit > *used ? limit - *used : 0;

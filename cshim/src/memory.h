@@ -11,9 +11,13 @@
  * CUDA_ERROR_OUT_OF_MEMORY when the container's account has no room. */
 CUresult vc_memory_charge(const struct vc_device *d, uint64_t bytes);
 
+/* Re-reads what this process's pools and graphs hold from the driver. */
+void vc_memory_refresh(void);
+
 /* Rewrites the driver's figures for d: total becomes the limit (or the device's
  * size if smaller), used the container's use, free what is left of the limit
- * (never more than the driver's free, never below 0). */
+ * (never more than the device's free, never below 0). The device's figures
+ * come from NVML where it answers, else they are the ones given. */
 void vc_memory_report(const struct vc_device *d, uint64_t *total, uint64_t *free, uint64_t *used);
 
 #endif

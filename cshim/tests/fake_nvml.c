@@ -35,6 +35,17 @@ typedef struct {
     unsigned long long total, reserved, free, used;
 } nvmlMemory_v2_t;
 
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_v2_t;
+
 #define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 
 static struct nvmlDevice_st devices[FAKE_MAX_DEVICES];
@@ -147,4 +158,49 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *me
     if (r == NVML_SUCCESS)
         *memory = (nvmlMemory_v2_t){NVML_MEMORY_V2, total, 0, total - used, used};
     return r;
+}
+
+/* The processes holding memory on device, as NVML lists them; v2: infos are
+ * nvmlProcessInfo_v2_t, else nvmlProcessInfo_v1_t. */
+static nvmlReturn_t processes(nvmlDevice_t device, unsigned int *count, void *infos, bool v2)
+{
+    if (!ready())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct fake_state *s = fake_state();
+    unsigned n = 0;
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        const struct fake_proc *p = &s->procs[i];
+        uint64_t used = p->used[device->index];
+        if (!used || !fake_proc_live(p))
+            continue;
+        if (infos && n < *count && v2)
+            ((nvmlProcessInfo_v2_t *)infos)[n] =
+                (nvmlProcessInfo_v2_t){(unsigned)p->pid, used, 0xFFFFFFFFu, 0xFFFFFFFFu};
+        else if (infos && n < *count)
+            ((nvmlProcessInfo_v1_t *)infos)[n] = (nvmlProcessInfo_v1_t){(unsigned)p->pid, used};
+        n++;
+    }
+    bool fits = n <= *count && (infos || !n);
+    *count = n;
+    return fits ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t device, unsigned int *count,
+                                                  nvmlProcessInfo_v1_t *infos)
+{
+    return processes(device, count, infos, false);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_v2_t *infos)
+{
+    return processes(device, count, infos, true);
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *count,
+                                                     nvmlProcessInfo_v2_t *infos)
+{
+    return processes(device, count, infos, true);
 }

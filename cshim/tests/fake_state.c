@@ -90,16 +90,19 @@ struct fake_proc *fake_self(void)
     return self;
 }
 
+bool fake_proc_live(const struct fake_proc *p)
+{
+    /* The driver frees a process's memory when it ends. */
+    return p->pid && (p->pid == getpid() || vc_proc_alive(p->pid, p->start));
+}
+
 uint64_t fake_used(int dev)
 {
     struct fake_state *s = fake_state();
     uint64_t sum = 0;
-    for (int i = 0; s && i < FAKE_MAX_PROCS; i++) {
-        struct fake_proc *p = &s->procs[i];
-        /* The driver frees a process's memory when it ends. */
-        if (p->pid && (p->pid == getpid() || vc_proc_alive(p->pid, p->start)))
-            sum += p->used[dev];
-    }
+    for (int i = 0; s && i < FAKE_MAX_PROCS; i++)
+        if (fake_proc_live(&s->procs[i]))
+            sum += s->procs[i].used[dev];
     return sum;
 }
 

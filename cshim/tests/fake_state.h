@@ -13,6 +13,7 @@
 #ifndef FAKE_STATE_H
 #define FAKE_STATE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define FAKE_MAX_DEVICES 8
@@ -51,6 +52,9 @@ struct fake_state *fake_state(void);
 
 /* This process's usage entry (claimed on first use, again after fork). */
 struct fake_proc *fake_self(void);
+
+/* Whether the process of an entry still runs. */
+bool fake_proc_live(const struct fake_proc *p);
 
 /* Bytes held on physical device dev by live processes. */
 uint64_t fake_used(int dev);

@@ -432,8 +432,13 @@ static void nvml_report(void)
     int (*uuid)(nvmlDevice_t, char *, unsigned) = dlsym(h, "nvmlDeviceGetUUID");
     int (*info)(nvmlDevice_t, nvmlMemory_t *) = dlsym(h, "nvmlDeviceGetMemoryInfo");
     int (*info2)(nvmlDevice_t, nvmlMemory_v2_t *) = dlsym(h, "nvmlDeviceGetMemoryInfo_v2");
+    int (*procs1)(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *) =
+        dlsym(h, "nvmlDeviceGetComputeRunningProcesses");
+    int (*procs3)(nvmlDevice_t, unsigned *, nvmlProcessInfo_v2_t *) =
+        dlsym(h, "nvmlDeviceGetComputeRunningProcesses_v3");
     unsigned n = 0;
-    if (!init || !count || !by_index || !uuid || !info || !info2 || init() || count(&n))
+    if (!init || !count || !by_index || !uuid || !info || !info2 || !procs1 || !procs3 || init()
+        || count(&n))
         die("NVML unusable", NULL);
     for (unsigned i = 0; i < n; i++) {
         nvmlDevice_t d;
@@ -443,8 +448,24 @@ static void nvml_report(void)
         by_index(i, &d);
         uuid(d, text, sizeof text);
         int r1 = info(d, &m), r2 = info2(d, &m2);
-        out("nvml %u %s %d %llu %llu %llu %d %llu %llu %llu %llu\n", i, text, r1, m.total, m.free,
-               m.used, r2, m2.total, m2.reserved, m2.free, m2.used);
+        /* The processes, as pynvml asks: a count first, then the list. */
+        nvmlProcessInfo_v1_t list1[64];
+        nvmlProcessInfo_v2_t list3[64];
+        unsigned n1 = 0, n3 = 0;
+        procs3(d, &n3, NULL);
+        n1 = n3 = 64;
+        int r3 = procs3(d, &n3, list3), r4 = procs1(d, &n1, list1);
+        unsigned long long sum3 = 0, sum1 = 0;
+        int own = 0;
+        for (unsigned k = 0; k < n3; k++) {
+            sum3 += list3[k].usedGpuMemory;
+            own |= list3[k].pid == (unsigned)getpid();
+        }
+        for (unsigned k = 0; k < n1; k++)
+            sum1 += list1[k].usedGpuMemory;
+        out("nvml %u %s %d %llu %llu %llu %d %llu %llu %llu %llu %d %u %llu %d %d %llu\n", i, text,
+            r1, m.total, m.free, m.used, r2, m2.total, m2.reserved, m2.free, m2.used, r3, n3, sum3,
+            own, r4, sum1);
     }
 }
 

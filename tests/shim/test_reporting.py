@@ -46,7 +46,7 @@ def test_nvml_reports_the_limit_and_the_containers_use(gpu: FakeGpu) -> None:
     gpu.limit(4 * GIB)
     lines = gpu.lines("init", "ctx", "0", "alloc", "1G", "nvml")
     used = CONTEXT + 1 * GIB
-    v1_ok, total, free, in_use, v2_ok, total2, reserved, free2, in_use2 = map(int, lines[3][3:])
+    v1_ok, total, free, in_use, v2_ok, total2, reserved, free2, in_use2 = map(int, lines[3][3:12])
     assert lines[3][:3] == ["nvml", "0", fake_uuid(0)]
     assert (v1_ok, total, free, in_use) == (0, 4 * GIB, 4 * GIB - used, used)
     assert (v2_ok, total2, reserved, free2, in_use2) == (0, 4 * GIB, 0, 4 * GIB - used, used)
