@@ -14,7 +14,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY cshim/ cshim/
-RUN make -C cshim \
+# zig cc (the ziglang wheel) builds it against glibc 2.17: it loads in old images.
+RUN pip install --no-cache-dir 'ziglang>=0.13' \
+ && make -C cshim PYTHON=python3 \
  && install -D -m 0644 "$(find cshim -name libvcuda.so -print -quit)" /out/libvcuda.so
 
 FROM python:3.11-slim-bookworm AS wheel
