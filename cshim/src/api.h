@@ -21,43 +21,7 @@
 /* CUDA 12.8 headers map this to _v2; the original, in every driver, does what the shim needs. */
 #undef cuEventElapsedTime
 
-typedef int nvmlReturn_t;
-enum {
-    NVML_SUCCESS = 0,
-    NVML_ERROR_INVALID_ARGUMENT = 2,
-    NVML_ERROR_NO_PERMISSION = 4,
-    NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_FUNCTION_NOT_FOUND = 13,
-    NVML_ERROR_MEMORY = 20,
-};
-typedef struct nvmlDevice_st *nvmlDevice_t;
-
-typedef struct {
-    unsigned long long total;
-    unsigned long long free;
-    unsigned long long used;
-} nvmlMemory_t;
-
-typedef struct {
-    unsigned int version;
-    unsigned long long total;
-    unsigned long long reserved;
-    unsigned long long free;
-    unsigned long long used;
-} nvmlMemory_v2_t;
-
-/* nvmlDeviceGetComputeRunningProcesses fills v1; its _v2 and _v3 fill v2. */
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-} nvmlProcessInfo_v1_t;
-
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId;
-    unsigned int computeInstanceId;
-} nvmlProcessInfo_v2_t;
+#include "nvml_types.h"
 
 #include "intercept.h"
 

@@ -11,40 +11,11 @@
 #include <string.h>
 
 #include "fake_state.h"
+#include "nvml_types.h"
 
-typedef int nvmlReturn_t;
-enum {
-    NVML_SUCCESS = 0,
-    NVML_ERROR_UNINITIALIZED = 1,
-    NVML_ERROR_INVALID_ARGUMENT = 2,
-    NVML_ERROR_NOT_FOUND = 6,
-    NVML_ERROR_INSUFFICIENT_SIZE = 7,
-    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
-};
-
-typedef struct nvmlDevice_st {
+struct nvmlDevice_st {
     int index;
-} *nvmlDevice_t;
-
-typedef struct {
-    unsigned long long total, free, used;
-} nvmlMemory_t;
-
-typedef struct {
-    unsigned int version;
-    unsigned long long total, reserved, free, used;
-} nvmlMemory_v2_t;
-
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-} nvmlProcessInfo_v1_t;
-
-typedef struct {
-    unsigned int pid;
-    unsigned long long usedGpuMemory;
-    unsigned int gpuInstanceId, computeInstanceId;
-} nvmlProcessInfo_v2_t;
+};
 
 #define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 
