@@ -8,7 +8,12 @@ written by the device side that a pod without host privileges cannot forge:
 - NVIDIA's device plugin with ``deviceListStrategy: volume-mounts``: one bind
   mount of ``/dev/null`` at ``/var/run/nvidia-container-devices/<id>`` per
   GPU. A pod can only make such a mount with a ``hostPath`` volume, which the
-  namespaces of tenants must forbid (Pod Security ``baseline`` does).
+  namespaces of tenants must forbid (Pod Security ``baseline`` does). vcuda's
+  own device plugin gives GPUs the same way (through a CDI spec).
+- vcuda's placement: the shared GPU that the scheduler extender chose at bind,
+  in the pod's ``vcuda.io/assigned-gpus`` (containerd passes ``vcuda.io/*`` pod
+  annotations into the spec). Only the extender writes it, through the pod's
+  Binding; the webhook removes it from new pods and refuses updates that touch it.
 
 Each source is a function of the container that returns the device IDs it
 recorded, or None when it has no say for this container; :data:`SOURCES`
@@ -25,7 +30,8 @@ from __future__ import annotations
 # already; importing collections.abc would load all of collections (2 ms).
 from _collections_abc import Callable, Iterable, Mapping
 
-from runtime_hook.contract import Gpu
+from runtime_hook import fast_json
+from runtime_hook.contract import ASSIGNMENT_ANNOTATION, Gpu
 from runtime_hook.hook_errors import HookError
 from runtime_hook.oci_spec import Container
 from runtime_hook.record import Record
@@ -40,6 +46,7 @@ _FIX_PLUGIN = (
 )
 _FIX_ENV = "remove NVIDIA_VISIBLE_DEVICES from the pod's env: the device plugin chooses the GPUs"
 _FIX_INVENTORY = "restart the node agent so that its GPU inventory lists every GPU of this node"
+_FIX_PLACEMENT = "delete the pod so that vcuda's scheduler places it again"
 
 
 class Source(Record):
@@ -80,6 +87,22 @@ def from_volume_mounts(container: Container) -> tuple[str, ...] | None:
     return ids or None
 
 
+def from_assignment(container: Container) -> tuple[str, ...] | None:
+    """The shared GPU vcuda's scheduler bound the pod to, or None when it did not place it."""
+    raw = container.annotations.get(ASSIGNMENT_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        body = fast_json.loads(raw)
+        shared = body.get("shared") if isinstance(body, dict) else None
+    except ValueError:
+        shared = None
+    if not (isinstance(shared, list) and shared and isinstance(shared[0], str) and shared[0]):
+        raise HookError(f"annotation {ASSIGNMENT_ANNOTATION} ({raw[:200]}) names no shared GPU "
+                        "for this limited container", _FIX_PLACEMENT)
+    return (shared[0],)
+
+
 def device_plugin_spec(gpus: Iterable[str]) -> tuple[list[str], list[dict]]:
     """The (env, mounts) NVIDIA's device plugin puts in a spec for ``gpus`` (volume-mounts).
 
@@ -98,6 +121,7 @@ def device_plugin_spec(gpus: Iterable[str]) -> tuple[list[str], list[dict]]:
 
 
 SOURCES: tuple[Source, ...] = (
+    Source("vcuda's placement at bind", from_assignment),
     Source("the device plugin's volume mounts", from_volume_mounts),
 )
 

@@ -26,13 +26,14 @@ def _plugin_mount(device: str, source: str = "/dev/null", bind: bool = True) -> 
 
 
 def _container(
-    *devices: str, env: tuple[str, ...] = (PLUGIN_ENV,), mounts: tuple = ()
+    *devices: str, env: tuple[str, ...] = (PLUGIN_ENV,), mounts: tuple = (),
+    annotations: dict[str, str] | None = None,
 ) -> Container:
     return Container(
         id="c",
         pid=1,
         bundle="/b",
-        annotations={},
+        annotations=annotations or {},
         rootfs="/b/rootfs",
         env=("PATH=/bin", *env),
         mounts=(("/proc", "proc", False), *(_plugin_mount(d) for d in devices), *mounts),
@@ -61,7 +62,8 @@ def test_environment_without_trusted_mounts_gives_no_gpu_and_refuses_the_start()
     with pytest.raises(HookError) as caught:
         assigned(container, INVENTORY)
     assert caught.value.cause == (
-        "no trusted list of this container's GPUs (the device plugin's volume mounts)"
+        "no trusted list of this container's GPUs (vcuda's placement at bind or the device "
+        "plugin's volume mounts)"
     )
     assert "deviceListStrategy volume-mounts" in caught.value.fix
 
@@ -157,3 +159,27 @@ def test_a_source_with_no_say_is_skipped() -> None:
     silent = Source("vcuda's placement", lambda container: None)
     sources = (silent, Source("the device plugin's volume mounts", lambda c: (A,)))
     assert assigned(_container(A), INVENTORY, sources) == Devices((A,), (A,))
+
+
+def _bound_to(gpu: str) -> dict[str, str]:
+    return {"vcuda.io/assigned-gpus": f'{{"shared":["{gpu}",30,1073741824]}}'}
+
+
+def test_the_gpu_bound_at_bind_and_the_device_plugins_agree_and_pass() -> None:
+    assert assigned(_container(B, annotations=_bound_to(B)), INVENTORY) == Devices((B,), (B,))
+
+
+def test_a_device_plugin_gpu_other_than_the_bound_one_refuses_the_start_naming_both() -> None:
+    with pytest.raises(HookError) as caught:
+        assigned(_container(A, annotations=_bound_to(B)), INVENTORY)
+    assert caught.value.cause == (
+        f"vcuda's placement at bind give this container {B} but the device plugin's volume "
+        f"mounts give {A}"
+    )
+
+
+@pytest.mark.parametrize("value", ["{", '{"whole": ["GPU-x"]}', '{"shared": []}', "[]"])
+def test_an_assignment_without_a_shared_gpu_refuses_a_limited_container(value: str) -> None:
+    container = _container(A, annotations={"vcuda.io/assigned-gpus": value})
+    with pytest.raises(HookError, match="names no shared GPU for this limited container"):
+        assigned(container, INVENTORY)
