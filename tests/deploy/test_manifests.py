@@ -13,7 +13,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LIMITS_ANNOTATION, SHARED_RESOURCE
+from runtime_hook.contract import (
+    ASSIGNMENT_ANNOTATION,
+    LIMITS_ANNOTATION,
+    SHARED_RESOURCE,
+    WHOLE_RESOURCE,
+)
 from tests.deploy.manifests import (
     KUBERNETES_VERSION,
     ROOT,
@@ -278,10 +283,10 @@ def test_no_role_grants_wildcards() -> None:
                 assert "*" not in rule.get(field, []), f"{obj['metadata']['name']}: {rule}"
 
 
-def test_node_agent_may_only_read_nodes_and_patch_their_status() -> None:
+def test_node_agent_may_only_read_and_annotate_nodes_patch_their_status_and_read_pods() -> None:
     rules = find("ClusterRole", "vcuda-node")["rules"]
     assert sorted((r["resources"][0], tuple(r["verbs"])) for r in rules) == [
-        ("nodes", ("get",)), ("nodes/status", ("patch",))]
+        ("nodes", ("get", "patch")), ("nodes/status", ("patch",)), ("pods", ("get", "list"))]
 
 
 # --- node side: RuntimeClass, DaemonSet, device plugin -----------------------------------------
@@ -334,7 +339,53 @@ def test_every_container_uses_the_one_vcuda_image() -> None:
         if pod:
             for container in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
                 images.add(container["image"])
-    assert images == {"vcuda/vcuda:0.1.0"}
+    upstream = {"registry.k8s.io/kube-scheduler:v1.33.5"}  # vcuda-scheduler, unchanged
+    assert images == {"vcuda/vcuda:0.1.0"} | upstream
+
+
+# --- placement: the second scheduler and the extender -------------------------------------------
+
+def _scheduler_config() -> dict[str, Any]:
+    return yaml.safe_load(find("ConfigMap", "vcuda-scheduler-config")["data"]["config.yaml"])
+
+
+def test_vcuda_scheduler_is_leader_elected_and_calls_the_extender_for_vcudas_resources() -> None:
+    config = _scheduler_config()
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["leaderElection"] == {"leaderElect": True, "resourceNamespace": NAMESPACE,
+                                        "resourceName": "vcuda-scheduler"}
+    assert [p["schedulerName"] for p in config["profiles"]] == ["vcuda-scheduler"]
+    [extender] = config["extenders"]
+    assert extender["urlPrefix"] == "http://127.0.0.1:8888"
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
+        "filter", "prioritize", "bind")
+    assert extender["nodeCacheCapable"] is False  # the extender reads nodes from the call
+    assert extender["ignorable"] is False
+    assert {r["name"] for r in extender["managedResources"]} == {SHARED_RESOURCE,
+                                                                 WHOLE_RESOURCE}
+
+
+def test_the_extender_listens_on_loopback_only_where_its_scheduler_reaches_it() -> None:
+    scheduler = find("Deployment", "vcuda-scheduler")["spec"]["template"]["spec"]
+    daemonset = find("DaemonSet", "vcuda-scheduler-extender")["spec"]["template"]["spec"]
+    for spec in (scheduler, daemonset):
+        [extender] = [c for c in spec["containers"] if c["image"].startswith("vcuda/")]
+        assert extender["command"] == ["vcuda-scheduler-extender", "--host", "127.0.0.1",
+                                       "--port", "8888"]
+        assert spec["serviceAccountName"] == "vcuda-scheduler"
+    assert daemonset["hostNetwork"] is True
+    assert daemonset["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    [kube_scheduler] = [c for c in scheduler["containers"] if c["name"] == "kube-scheduler"]
+    assert "--config=/etc/vcuda-scheduler/config.yaml" in kube_scheduler["command"]
+
+
+def test_the_extender_may_read_pods_bind_them_and_write_nodes_and_nothing_else() -> None:
+    rules = find("ClusterRole", "vcuda-scheduler-extender")["rules"]
+    assert sorted((r["resources"][0], tuple(r["verbs"])) for r in rules) == [
+        ("nodes", ("get", "patch")), ("pods", ("get",)), ("pods/binding", ("create",))]
+    leases = find("Role", "vcuda-scheduler-leader-election")["rules"]
+    assert {name for rule in leases for name in rule.get("resourceNames", [])} == {
+        "vcuda-scheduler"}
 
 
 def test_match_conditions_name_the_webhooks_default_resources_and_annotation() -> None:
