@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from webhook.errors import WebhookError
 from webhook.tls import CertificateReloader
 
 if TYPE_CHECKING:  # the parts of a request that aiohttp hands a request factory
@@ -64,7 +65,7 @@ class Guards:
 DEFAULT_GUARDS = Guards()
 
 
-class BodyRefused(Exception):
+class BodyRefused(WebhookError):
     """A body that is not read: ``status`` and a one-line ``message`` for the client."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -21,12 +21,13 @@ from runtime_hook.contract import (
     SHARED_RESOURCE,
     WHOLE_RESOURCE,
 )
+from runtime_hook.hook_errors import NodeError
 from runtime_hook.placement import Entry, PlacementError, decode_assignment
 
 _PLACE_AGAIN = "delete the pod so that vcuda's scheduler places it again"
 
 
-class Refusal(RuntimeError):
+class Refusal(NodeError, RuntimeError):
     """The container cannot be given its GPUs; the message says whose, which and why."""
 
 
