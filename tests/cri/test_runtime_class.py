@@ -173,25 +173,53 @@ def test_a_container_restarted_in_the_same_sandbox_gets_its_limits_again(
     assert node.cri.output(pod, "worker", 1) == expected
 
 
+def _refused(node: ContainerdNode, pod: Pod, **options: dict[str, str]) -> tuple[str, str]:
+    """Start a ``worker`` in ``pod`` with ``options``, which the hook refuses: its id, and the
+    hook's line as the CRI error carries it (after runc's and containerd's words)."""
+    container = node.cri.create(pod, "worker", SLEEP, **options)
+    with pytest.raises(CriError) as caught:
+        node.cri.start(container)
+    [line] = [line for line in caught.value.details.splitlines() if "vcuda-hook:" in line]
+    status = node.cri.status(container)
+    assert (status.reason, status.started_at) == ("StartError", 0), status  # it never ran
+    hook_line = line[line.index("vcuda-hook:"):].removesuffix(": unknown")  # containerd's code
+    assert hook_line in status.message  # what the pod's status shows
+    return container, hook_line
+
+
 def test_overcommit_of_a_gpu_is_refused_with_the_hooks_message_in_the_cri_error(
     node: ContainerdNode,
 ) -> None:
     first = node.cri.run(_limited_pod(node, "big", worker=(50, 6 * GIB)), "worker", SLEEP,
                          **_on_gpu(0))
-    pod = _limited_pod(node, "late", worker=(30, 4 * GIB))
-    refused = node.cri.create(pod, "worker", SLEEP, **_on_gpu(0))
-    with pytest.raises(CriError) as caught:
-        node.cri.start(refused)
-    message = (f"vcuda-hook: container default/late/worker ({refused[:12]}): GPU {GPUS[0].uuid} "
-               "(index 0) has 2.00 GiB")
-    [line] = [line for line in caught.value.details.splitlines() if "vcuda-hook:" in line]
-    assert message in line and "this container asks for 4.00 GiB" in line, line
-    assert node.cri.status(refused).state != 1  # never ran
+    refused, line = _refused(node, _limited_pod(node, "late", worker=(30, 4 * GIB)), **_on_gpu(0))
+    assert line.startswith(f"vcuda-hook: container default/late/worker ({refused[:12]}): GPU "
+                           f"{GPUS[0].uuid} (index 0) has 2.00 GiB"), line
+    assert "this container asks for 4.00 GiB" in line, line
     assert node.ledger() == [first]
     # The other GPU has room: the same request placed there starts.
     other = node.cri.run(_limited_pod(node, "moved", worker=(30, 4 * GIB)), "worker", SLEEP,
                          **_on_gpu(1))
     assert node.ledger() == sorted([first, other])
+
+
+def test_a_pod_that_names_another_gpu_in_its_env_is_refused(node: ContainerdNode) -> None:
+    pod = _limited_pod(node, "forged", worker=(30, 2 * GIB))
+    options = _on_gpu(0)
+    # kubelet passes the pod's env after the device plugin's; containerd keeps the last.
+    options["env"] = {**options["env"], "NVIDIA_VISIBLE_DEVICES": GPUS[1].uuid}
+    _, line = _refused(node, pod, **options)
+    assert node.ledger() == []
+    assert f"sets NVIDIA_VISIBLE_DEVICES={GPUS[1].uuid}, but the device plugin's volume mounts " \
+        f"give it {GPUS[0].uuid}; fix: remove NVIDIA_VISIBLE_DEVICES from the pod's env" in line
+
+
+def test_a_limited_container_the_device_plugin_gave_no_gpu_is_refused(
+    node: ContainerdNode,
+) -> None:
+    _, line = _refused(node, _limited_pod(node, "bare", worker=(30, 2 * GIB)))
+    assert node.ledger() == []
+    assert "no trusted list of this container's GPUs (the device plugin's volume mounts)" in line
 
 
 def test_containerd_restarted_while_a_limited_container_runs_leaves_the_ledger_right(
