@@ -219,7 +219,8 @@ def test_a_limited_container_the_device_plugin_gave_no_gpu_is_refused(
 ) -> None:
     _, line = _refused(node, _limited_pod(node, "bare", worker=(30, 2 * GIB)))
     assert node.ledger() == []
-    assert "no trusted list of this container's GPUs (the device plugin's volume mounts)" in line
+    assert "no trusted list of this container's GPUs (" in line, line
+    assert "fix: run NVIDIA's device plugin with deviceListStrategy volume-mounts" in line, line
 
 
 def test_containerd_restarted_while_a_limited_container_runs_leaves_the_ledger_right(
