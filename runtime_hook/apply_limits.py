@@ -73,7 +73,7 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
             preload=os.path.join(record, PRELOAD_FILE),
             account_dir=os.path.join(record, ACCOUNT_DIR),
         )
-        inject.install(container.pid, container.rootfs, sources)
+        inject.install(container.pid, container.rootfs, sources, container.readonly)
     except BaseException:
         with state.locked(LOCK_TIMEOUT):
             state.release(container.id)

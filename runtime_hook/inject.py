@@ -11,6 +11,12 @@ The image's files are never written; the container sees
     /etc/ld.so.preload                the library, then the image's own entries (read-only)
     /run/vcuda                        the account directory (read-write, shared by its processes)
 
+Each directory on the way to those paths (``/etc``, ``/etc/vcuda``, ``/run``,
+``/usr`` ... ``/usr/local/vcuda/lib``) is first made a mount point of itself
+(:data:`PINNED`), so root in the container cannot rename or remove any of
+them (EBUSY) without unmounting, which takes CAP_SYS_ADMIN; and none may be
+or pass through a symbolic link, or lie on a volume.
+
 runc runs prestart hooks before ``pivot_root``: the root still sits at its host
 path in the container's namespace. crun may have pivoted already. Either way
 the root is the directory whose device and inode match ``root.path`` on the host.
@@ -32,6 +38,21 @@ from runtime_hook.record import Record
 LIBRARY_PATH = "/usr/local/vcuda/lib/libvcuda.so"
 PRELOAD_PATH = "/etc/ld.so.preload"
 PRELOAD_LIMIT = 64 << 10
+
+
+def _parents(paths: tuple[str, ...]) -> tuple[str, ...]:
+    found = set()
+    for path in paths:
+        parent = os.path.dirname(path)
+        while parent != "/":
+            found.add(parent)
+            parent = os.path.dirname(parent)
+    return tuple(sorted(found, key=lambda p: (p.count("/"), p)))
+
+
+# Every directory on the way to what is mounted, outermost first: each is made a
+# mount point, so that none can be renamed or removed from inside the container.
+PINNED = _parents((LIBRARY_PATH, LIMITS_PATH, PRELOAD_PATH, ACCOUNT_MOUNT))
 
 _READ_ONLY = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
 _DATA_ONLY = _READ_ONLY | syscalls.MOUNT_ATTR_NOEXEC
@@ -63,10 +84,11 @@ def merge_preload(existing: bytes, library: str = LIBRARY_PATH) -> bytes:
     return lib + b"\n" + existing
 
 
-def install(pid: int, rootfs: str, sources: Sources) -> None:
+def install(pid: int, rootfs: str, sources: Sources, readonly: bool = False) -> None:
     """Mount the shim's files into the container whose first process is ``pid``.
 
-    ``rootfs`` is the host path of the container's root. Raise HookError when it cannot be done.
+    ``rootfs`` is the host path of the container's root; ``readonly`` whether
+    the runtime makes it read-only. Raise HookError when it cannot be done.
     """
     try:
         ns = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
@@ -88,7 +110,9 @@ def install(pid: int, rootfs: str, sources: Sources) -> None:
                 "the container's root is the host's root directory",
                 "give the container a root filesystem of its own",
             )
-        _in_child(lambda: _attach_all(ns, proc_root, preload, rootfs, root_stat, sources))
+        _in_child(
+            lambda: _attach_all(ns, proc_root, preload, rootfs, root_stat, sources, readonly)
+        )
     finally:
         for fd in (ns, proc_root, preload):
             os.close(fd)
@@ -128,8 +152,75 @@ def _clone(path: str, attrs: int) -> int:
     return fd
 
 
+def _make_file(root: int, path: str) -> bool:
+    """Create ``path`` where it is missing; return whether the image had it."""
+    fd, existed = inroot.open_file(root, path)
+    os.close(fd)
+    return existed
+
+
+def _mount_id(fdinfo: int, fd: int) -> int:
+    """The id of the mount ``fd`` lies on, from /proc/self/fdinfo (``fdinfo``: its dir fd)."""
+    info = os.open(str(fd), os.O_RDONLY | os.O_CLOEXEC, dir_fd=fdinfo)
+    try:
+        text = os.read(info, 4096)
+    finally:
+        os.close(info)
+    for line in text.splitlines():
+        if line.startswith(b"mnt_id:"):
+            return int(line.split()[1])
+    raise RuntimeError("no mnt_id in /proc/self/fdinfo (Linux 3.15 or later needed)")
+
+
+def _check_on_root_mount(root: int, fdinfo: int) -> None:
+    """Refuse when a directory to pin lies on a mount other than the root's (a volume).
+
+    A volume is shared with the pod's other containers, in whose mount
+    namespaces the pins are no mount points: from there, what they hold
+    could be renamed or removed.
+    """
+    want = _mount_id(fdinfo, root)
+    for directory in PINNED:
+        fd = inroot.open_dir(root, directory)
+        try:
+            inroot.require(fd, directory, directory=True)
+            if _mount_id(fdinfo, fd) != want:
+                raise inroot.InRootError(
+                    f"{directory} is not on the container's root filesystem (a volume?)"
+                )
+        finally:
+            os.close(fd)
+
+
+def _pin(root: int, directory: str, readonly: bool) -> None:
+    """Make ``directory`` a mount point of itself (with what is mounted below it).
+
+    A mount point cannot be renamed or removed (EBUSY) but by unmounting it,
+    which takes CAP_SYS_ADMIN: so no one in the container can move a path
+    that leads to vcuda's files.
+    """
+    fd = inroot.open_dir(root, directory)
+    try:
+        flags = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_RECURSIVE
+        clone = syscalls.open_tree(fd, "", flags | syscalls.AT_EMPTY_PATH)
+        try:
+            if readonly:  # the runtime remounts only the root read-only, after the hooks
+                syscalls.mount_setattr(clone, syscalls.MOUNT_ATTR_RDONLY)
+            syscalls.move_mount(clone, fd)
+        finally:
+            os.close(clone)
+    finally:
+        os.close(fd)
+
+
 def _attach_all(
-    ns: int, proc_root: int, preload: int, rootfs: str, root_stat: os.stat_result, src: Sources
+    ns: int,
+    proc_root: int,
+    preload: int,
+    rootfs: str,
+    root_stat: os.stat_result,
+    src: Sources,
+    readonly: bool,
 ) -> None:
     """The child's work: clone in the host namespace, then join the container's and attach."""
     trees = {
@@ -139,20 +230,28 @@ def _attach_all(
         PRELOAD_PATH: _clone(src.preload, _DATA_ONLY),
     }
     expected = {path: _identity(os.fstat(fd)) for path, fd in trees.items()}
+    # This process's fdinfo, opened while /proc is the host's.
+    fdinfo = os.open("/proc/self/fdinfo", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     syscalls.setns(ns, syscalls.CLONE_NEWNS)
     root = _container_root(proc_root, rootfs, root_stat)
 
-    # The directory first: a file mounted earlier could be hidden under it.
+    # Every mountpoint is made first: pinned directories may be read-only.
+    os.close(inroot.open_dir(root, ACCOUNT_MOUNT))
+    existed = {path: _make_file(root, path) for path in (LIBRARY_PATH, LIMITS_PATH, PRELOAD_PATH)}
+    _check_on_root_mount(root, fdinfo)
+    for directory in PINNED:
+        _pin(root, directory, readonly)
+
+    # Looked up again: what was opened before a pin lies under it. The directory
+    # first: a file mounted earlier could be hidden under it.
     target = inroot.open_dir(root, ACCOUNT_MOUNT)
     inroot.require(target, ACCOUNT_MOUNT, directory=True)
-    if _identity(os.fstat(target)) == _identity(root_stat):
-        raise inroot.InRootError(f"{ACCOUNT_MOUNT} leads to the container's root directory")
     syscalls.move_mount(trees[ACCOUNT_MOUNT], target)
 
     for path in (LIBRARY_PATH, LIMITS_PATH, PRELOAD_PATH):
-        target, existed = inroot.open_file(root, path)
+        target, _ = inroot.open_file(root, path)
         if path == PRELOAD_PATH:
-            image = inroot.read_regular(root, path, PRELOAD_LIMIT) if existed else b""
+            image = inroot.read_regular(root, path, PRELOAD_LIMIT) if existed[path] else b""
             os.ftruncate(preload, 0)
             os.pwrite(preload, merge_preload(image), 0)
         syscalls.move_mount(trees[path], target)

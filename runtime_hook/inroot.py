@@ -1,8 +1,9 @@
 """Opening and creating paths inside a container's root without ever leaving it.
 
-Every lookup is ``openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`` from the
-root's fd: ``..`` and absolute symlinks stop at the container's root, and
-/proc magic links are refused. Missing pieces are created relative to their
+Every lookup is ``openat2(RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS)`` from the
+root's fd: ``..`` stops at the container's root, and a symbolic link anywhere
+on the path is refused (it could lead into a volume the pod shares, where
+what vcuda mounts could be renamed away). Missing pieces are created relative to their
 already-resolved parent (``mkdirat``, or ``O_CREAT | O_EXCL | O_NOFOLLOW``), so
 a symlink planted where something is created fails the call instead of being
 followed. Nothing is created in or mounted on a kernel pseudo-filesystem.
@@ -18,7 +19,11 @@ import stat
 from runtime_hook import syscalls
 from runtime_hook.hook_errors import NodeError
 
-_RESOLVE = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
+# No symbolic link at all: a path through a link could lead into a volume of the
+# pod, where what vcuda mounts could be renamed away from under the container.
+_RESOLVE = (
+    syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS | syscalls.RESOLVE_NO_SYMLINKS
+)
 _CREATE_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _RETRIES = 8  # openat2 answers EAGAIN when a rename or mount raced a '..' step
 
@@ -64,7 +69,7 @@ def _explain(path: str, exc: OSError) -> InRootError:
     if exc.errno == errno.ENOTDIR:
         return InRootError(f"{path} is not a directory")
     if exc.errno == errno.ELOOP:
-        return InRootError(f"{path} is a symbolic link loop or a link through /proc")
+        return InRootError(f"{path} is or passes through a symbolic link")
     if exc.errno == errno.EROFS:
         return InRootError(f"{path} is missing and the container's root filesystem is read-only")
     return InRootError(f"{path}: {os.strerror(exc.errno or 0)}")

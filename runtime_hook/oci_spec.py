@@ -22,18 +22,20 @@ class Container(Record):
     """What the hook needs to know about one container.
 
     ``id``, ``pid`` and ``bundle`` from the state; ``annotations`` (dict);
-    ``rootfs`` (host path), ``env`` (a tuple) and ``mounts`` (a tuple of
+    ``rootfs`` (host path), ``readonly`` (whether the runtime makes the root
+    read-only), ``env`` (a tuple) and ``mounts`` (a tuple of
     ``(destination, source, is_bind)``) from config.json.
     """
 
-    _fields = ("id", "pid", "bundle", "annotations", "rootfs", "env", "mounts")
+    _fields = ("id", "pid", "bundle", "annotations", "rootfs", "readonly", "env", "mounts")
     __slots__ = _fields
-    _defaults = ("", (), ())
+    _defaults = ("", False, (), ())
     id: str
     pid: int
     bundle: str
     annotations: dict[str, str]
     rootfs: str
+    readonly: bool
     env: tuple[str, ...]
     mounts: tuple[tuple[str, str, bool], ...]
 
@@ -93,6 +95,7 @@ def load_config(container: Container) -> Container:
         bundle=container.bundle,
         annotations=annotations,
         rootfs=os.path.normpath(os.path.join(container.bundle, root)),
+        readonly=config["root"].get("readonly") is True,
         env=env,
         mounts=mounts,
     )

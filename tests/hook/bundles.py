@@ -18,7 +18,10 @@ HOOK_SCRIPT = REPO / "runtime_hook" / "oci_hook.py"
 # The hook runs on nodes with the system Python and nothing installed: use that Python here too.
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
-APPLETS = ("sh", "cat", "ls", "echo", "touch", "sleep", "true", "stat", "awk", "sha256sum")
+APPLETS = (
+    *("sh", "cat", "ls", "echo", "touch", "sleep", "true", "stat", "awk", "sha256sum"),
+    *("mv", "rm", "rmdir", "umount"),
+)
 
 
 def make_rootfs(path: Path) -> Path:

@@ -133,47 +133,40 @@ def _make(path: str, kind: str) -> Callable[[Path, Path], None]:
     return prepare
 
 
-def _both(*steps: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
-    def prepare(root: Path, canary: Path) -> None:
-        for step in steps:
-            step(root, canary)
-
-    return prepare
-
-
-# (image change, None when the limits must apply / the refusal the start must fail with)
+_LINK = "is or passes through a symbolic link"
+# (image change, the refusal the start must fail with)
 HOSTILE = {
     "etc is an absolute symlink to a host dir": (
         _symlink("/etc", lambda c: str(c / "etc")),
-        "/etc is a symbolic link to nothing inside the container",
+        f"/etc {_LINK}",
     ),
     "ld.so.preload is a symlink to a host file": (
         _symlink("/etc/ld.so.preload", lambda c: str(c / "etc" / "ld.so.preload")),
-        "/etc/ld.so.preload is a symbolic link to nothing",
+        f"/etc/ld.so.preload {_LINK}",
     ),
     "ld.so.preload climbs out with ..": (
         _symlink("/etc/ld.so.preload", lambda c: "../" * 30 + str(c / "etc/ld.so.preload")),
-        "/etc/ld.so.preload is a symbolic link to nothing",
+        f"/etc/ld.so.preload {_LINK}",
     ),
     "etc/vcuda is a symlink to a host dir": (
         _symlink("/etc/vcuda", lambda c: str(c / "etc" / "vcuda")),
-        "/etc/vcuda is a symbolic link to nothing",
+        f"/etc/vcuda {_LINK}",
     ),
     "run/vcuda is a symlink to a host dir": (
         _symlink("/run/vcuda", lambda c: str(c / "run" / "vcuda")),
-        "/run/vcuda is a symbolic link to nothing",
+        f"/run/vcuda {_LINK}",
     ),
     "usr/local/vcuda dangles": (
         _symlink("/usr/local/vcuda", "/nowhere/at/all"),
-        "/usr/local/vcuda is a symbolic link to nothing",
+        f"/usr/local/vcuda {_LINK}",
     ),
     "ld.so.preload is a magic link through /proc": (
         _symlink("/etc/ld.so.preload", "/proc/1/root/etc/passwd"),
-        "/etc/ld.so.preload is a symbolic link loop or a link through /proc",
+        f"/etc/ld.so.preload {_LINK}",
     ),
     "ld.so.preload is a symlink loop": (
         _symlink("/etc/ld.so.preload", "/etc/ld.so.preload"),
-        "symbolic link loop",
+        f"/etc/ld.so.preload {_LINK}",
     ),
     "ld.so.preload is a FIFO": (
         _make("/etc/ld.so.preload", "fifo"),
@@ -189,43 +182,26 @@ HOSTILE = {
     ),
     "etc/vcuda is a file": (_make("/etc/vcuda", "file"), "/etc/vcuda is not a directory"),
     "ld.so.preload is huge": (_make("/etc/ld.so.preload", "huge"), "is larger than 65536 bytes"),
-    "usr/local leads into sysfs": (
-        _symlink("/usr/local", "/sys/kernel"),
-        "/usr/local lies on sysfs",
-    ),
-    "run/vcuda leads to the root": (
-        _symlink("/run/vcuda", "/"),
-        "/run/vcuda leads to the container's root directory",
-    ),
-    "symlinks that stay inside the root are followed": (
-        _both(
-            _make("/opt/preload.list", "file"),
-            _symlink("/etc/ld.so.preload", "/opt/preload.list"),
-            _symlink("/etc/vcuda", "../opt"),
-        ),
-        None,
-    ),
-    "run/vcuda leads to /etc": (_symlink("/run/vcuda", "/etc"), None),
+    "usr/local leads into sysfs": (_symlink("/usr/local", "/sys/kernel"), f"/usr/local {_LINK}"),
+    "run/vcuda leads to the root": (_symlink("/run/vcuda", "/"), f"/run/vcuda {_LINK}"),
+    # Even a link that stays inside: it may lead into a volume the pod shares.
+    "etc is a symlink into a volume": (_symlink("/etc", "/data/etc"), f"/etc {_LINK}"),
+    "run/vcuda leads to /etc": (_symlink("/run/vcuda", "/etc"), f"/run/vcuda {_LINK}"),
 }
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
-def test_hostile_image_gets_its_limits_or_does_not_start_and_host_stays_intact(
+def test_hostile_image_does_not_start_and_the_host_stays_intact(
     case: str, runc: Runtime, bundle: BuildBundle, hook: HookSetup, canary: Path
 ) -> None:
     prepare, refusal = HOSTILE[case]
     path = _limited(bundle, hook, prepare=lambda root: prepare(root, canary))
     before = snapshot(canary)
     result = runc.run(path, "hostile")
-    if refusal is None:
-        assert result.returncode == 0, result.stderr
-        image_preload = "a file\n" if "followed" in case else ""
-        _assert_limits_inside(result.stdout, hook, image_preload=image_preload)
-    else:
-        assert result.returncode != 0
-        assert "vcuda-hook: container main (hostile): " in result.stderr
-        assert refusal in result.stderr
-        assert result.stdout == ""  # the container's command never ran
+    assert result.returncode != 0
+    assert "vcuda-hook: container main (hostile): " in result.stderr
+    assert refusal in result.stderr
+    assert result.stdout == ""  # the container's command never ran
     assert snapshot(canary) == before
     assert mounts_under(canary) == []
     _no_records_left(hook)

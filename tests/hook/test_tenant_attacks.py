@@ -5,6 +5,7 @@ Each case is an attack that once worked, run under real runc with the real hook.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from runtime_hook.contract import Gpu, parse_limits, write_inventory
@@ -129,3 +130,65 @@ def test_two_90_core_containers_on_one_gpu_the_second_is_refused(
     )
     other_gpu = _start(runc, bundle, hook, "other-gpu", cores=90, gpus=(GPU1,))
     assert other_gpu.returncode == 0, other_gpu.stderr
+
+
+_PINNED = ("/etc/vcuda", "/etc", "/run/vcuda", "/run", "/usr", "/usr/local", "/usr/local/vcuda",
+           "/usr/local/vcuda/lib", "/etc/vcuda/limits", "/etc/ld.so.preload",
+           "/usr/local/vcuda/lib/libvcuda.so")
+# Root in the container tries to move, remove or unmount each path leading to its limits.
+_DETACH = f"""
+for p in {' '.join(_PINNED)}; do
+    mv $p $p.moved 2>/dev/null && echo "MOVED $p"
+    rm -f $p 2>/dev/null && echo "REMOVED $p"
+    rmdir $p 2>/dev/null && echo "REMOVED $p"
+    umount -l $p 2>/dev/null && echo "UNMOUNTED $p"
+done
+touch /etc/image-file && echo ETC-WRITABLE
+cat /etc/vcuda/limits /etc/ld.so.preload
+stat -c %s /usr/local/vcuda/lib/libvcuda.so
+"""
+
+
+def test_root_in_the_container_cannot_move_remove_or_unmount_what_leads_to_its_limits(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    _inventory(hook)
+    result = _start(runc, bundle, hook, "detach", args=("sh", "-c", _DETACH), gpus=(GPU0,))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert not [line for line in lines if line.split()[0] in ("MOVED", "REMOVED", "UNMOUNTED")]
+    assert lines[0] == "ETC-WRITABLE"  # /etc stays the image's, writable as it was
+    assert parse_limits("\n".join(lines[1:6]) + "\n").devices == (GPU0,)
+    assert lines[6] == "/usr/local/vcuda/lib/libvcuda.so"
+    assert int(lines[7]) == hook.library.stat().st_size
+
+
+def test_a_read_only_root_stays_read_only_under_the_pinned_directories(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    _inventory(hook)
+    script = "touch /etc/x /run/x /usr/x 2>/dev/null && echo WRITABLE; cat /etc/vcuda/limits"
+    result = _start(runc, bundle, hook, "ro", args=("sh", "-c", script), gpus=(GPU0,),
+                    readonly=True)
+    assert result.returncode == 0, result.stderr
+    assert "WRITABLE" not in result.stdout
+    assert parse_limits(result.stdout).devices == (GPU0,)
+
+
+def test_a_directory_on_a_volume_is_refused(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup, tmp_path: Path
+) -> None:
+    _inventory(hook)
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    path = bundle(["true"], annotations=limits_annotation(main=(30, GIB)), hooks=hook.hooks(),
+                  gpus=(GPU0,))
+    config = json.loads((path / "config.json").read_text())
+    config["mounts"].append({"destination": "/usr/local", "type": "bind",
+                             "source": str(volume), "options": ["rbind", "rw"]})
+    (path / "config.json").write_text(json.dumps(config))
+    result = runc.run(path, "volume")
+    assert result.returncode != 0
+    assert "/usr/local is not on the container's root filesystem (a volume?)" in _hook_line(
+        result.stderr
+    )
