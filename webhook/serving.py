@@ -11,7 +11,7 @@ connections together), a deadline for the TLS handshake, for a request's head
 its body. A body is read only through :meth:`Serving.read_body`, which keeps
 that count, refuses compressed bodies (nothing is inflated) and answers a
 refusal as :class:`BodyRefused`. Large buffers go back to the system when freed
-(:func:`_return_freed_memory`), so memory taken by a burst is not kept.
+(:class:`_Libc`), so memory taken by a burst is not kept.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
+from aiohttp import ClientError, web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from webhook.errors import WebhookError
@@ -39,6 +40,7 @@ Dispatch = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 CLOSE_REASONS = ("connection_limit", "head_timeout", "body_timeout")
 _CHUNK = 64 << 10
 _M_MMAP_THRESHOLD = -3  # mallopt(3)
+_TRIM_AFTER = 1 << 20  # bytes of body let go after which the heap is trimmed
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class Guards:
     """
 
     max_connections: int = 128
-    max_buffered: int = 64 << 20
+    max_buffered: int = 32 << 20
     handshake_timeout: float = 5.0
     head_timeout: float = 10.0
     body_timeout: float = 10.0
@@ -150,7 +152,7 @@ class Serving:
 
     async def start(self, host: str | None, port: int) -> int:
         """Listen on ``host`` (None: every address) and ``port`` (0: any); return the port."""
-        _return_freed_memory()
+        _LIBC.fix_threshold()
         loop = asyncio.get_running_loop()
         max_body = self._max_body
 
@@ -205,6 +207,8 @@ class Serving:
             self._note_closed("body_timeout", request)
             raise BodyRefused(408, f"the body did not arrive within "
                                    f"{self._guards.body_timeout:g} s") from None
+        except (OSError, ClientError, HttpProcessingError) as exc:  # the client went or lied
+            raise BodyRefused(400, f"the body could not be read ({type(exc).__name__})") from None
 
     async def _read(self, request: web.BaseRequest, length: int | None) -> bytes:
         chunks, size = [], 0
@@ -239,7 +243,10 @@ class Serving:
                 response.force_close()  # the rest of a refused body is not read
             return response
         finally:
-            self._buffered -= self._held.pop(id(request), 0)
+            held = self._held.pop(id(request), 0)
+            self._buffered -= held
+            if held >= _TRIM_AFTER:
+                _LIBC.trim()
             if request.protocol in idle:
                 idle[request.protocol] = monotonic()
 
@@ -271,12 +278,30 @@ def _peer(transport: asyncio.BaseTransport | None) -> str:
     return f"{peer[0]}:{peer[1]}" if peer else "unknown"
 
 
-def _return_freed_memory() -> None:
-    """Have glibc give buffers of 128 KiB or more back to the system when they are freed.
+class _Libc:
+    """glibc's knobs for giving freed memory back to the system; no-ops elsewhere.
 
-    Its default threshold rises to the size of the largest buffer freed (up
-    to 32 MiB), after which bodies of a few MiB are carved from the heap and
-    stay in the process after a burst. Other C libraries are left as they are.
+    glibc's threshold for serving a buffer with its own mapping rises to the
+    largest buffer freed (up to 32 MiB), after which bodies of a few MiB are
+    carved from the heap and stay in the process after a burst; and the heap
+    keeps what the body's 64 KiB chunks took. Fixing the threshold, and trimming
+    the heap after a large body is let go, return both.
     """
-    with contextlib.suppress(AttributeError, OSError):
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, 128 << 10)
+
+    def __init__(self) -> None:
+        self._libc: Any = None
+        with contextlib.suppress(OSError):
+            libc = ctypes.CDLL(None)
+            if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim"):
+                self._libc = libc
+
+    def fix_threshold(self) -> None:
+        if self._libc is not None:
+            self._libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
+
+    def trim(self) -> None:
+        if self._libc is not None:
+            self._libc.malloc_trim(0)
+
+
+_LIBC = _Libc()

@@ -195,6 +195,19 @@ def test_webhook_runs_two_spread_replicas_protected_by_a_disruption_budget() -> 
     assert find("Service", "vcuda-webhook")["spec"]["selector"].items() <= labels.items()
 
 
+def test_only_addresses_outside_the_pod_network_and_scrapers_reach_the_webhook() -> None:
+    policy = find("NetworkPolicy", "vcuda-webhook")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= _webhook_pod()["metadata"][
+        "labels"].items()
+    assert policy["policyTypes"] == ["Ingress"]
+    [rule] = policy["ingress"]
+    assert rule["ports"] == [{"port": "https", "protocol": "TCP"}]
+    blocks = [peer["ipBlock"] for peer in rule["from"] if "ipBlock" in peer]
+    assert {"cidr": "0.0.0.0/0", "except": ["10.244.0.0/16", "10.42.0.0/16"]} in blocks
+    others = [peer for peer in rule["from"] if "ipBlock" not in peer]
+    assert others == [{"namespaceSelector": {"matchLabels": {"vcuda.io/scrape-webhook": "true"}}}]
+
+
 def test_webhook_probes_health_and_readiness_over_https() -> None:
     [container] = _webhook_pod()["spec"]["containers"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
