@@ -18,6 +18,7 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuGraphInstantiate
+#undef cuIpcOpenMemHandle
 /* CUDA 12.8 headers map this to _v2; the original, in every driver, does what the shim needs. */
 #undef cuEventElapsedTime
 

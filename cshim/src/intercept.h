@@ -98,6 +98,11 @@
     CU(cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *poolProps), (pool, poolProps))  \
     CU(cuMemPoolDestroy, (CUmemoryPool pool), (pool))                                               \
     CU(cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep), (pool, minBytesToKeep))         \
+    CU(cuIpcOpenMemHandle, (CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags),        \
+       (pdptr, handle, Flags))                                                                      \
+    CU(cuIpcOpenMemHandle_v2, (CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags),     \
+       (pdptr, handle, Flags))                                                                      \
+    CU(cuIpcCloseMemHandle, (CUdeviceptr dptr), (dptr))                                             \
     LAUNCH(cuLaunchKernel, VC_LAUNCH_KERNEL_PARAMS, VC_LAUNCH_KERNEL_ARGS)                          \
     LAUNCH(cuLaunchKernel_ptsz, VC_LAUNCH_KERNEL_PARAMS, VC_LAUNCH_KERNEL_ARGS)                     \
     LAUNCH(cuLaunchKernelEx, VC_LAUNCH_EX_PARAMS, VC_LAUNCH_EX_ARGS)                                \
@@ -160,6 +165,8 @@
         CUdevice device),                                                                           \
        (memoryRequirements, mipmap, device))                                                        \
     CU(cuCtxSetCurrent, (CUcontext ctx), (ctx))                                                     \
+    CU(cuMemGetAddressRange_v2, (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr),             \
+       (pbase, psize, dptr))                                                                        \
     CU(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode), (mode))                     \
     CU(cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus *captureStatus),              \
        (hStream, captureStatus))                                                                    \

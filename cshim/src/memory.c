@@ -23,12 +23,14 @@ static CUresult free_mipmap(uint64_t key)
     return vc_real_cuMipmappedArrayDestroy((CUmipmappedArray)key);
 }
 static CUresult free_handle(uint64_t key) { return vc_real_cuMemRelease(key); }
+static CUresult close_ipc(uint64_t key) { return vc_real_cuIpcCloseMemHandle((CUdeviceptr)key); }
 
 static CUresult (*const destroy[])(uint64_t) = {
     [VC_KIND_POINTER] = free_pointer,
     [VC_KIND_ARRAY] = free_array,
     [VC_KIND_MIPMAP] = free_mipmap,
     [VC_KIND_HANDLE] = free_handle,
+    [VC_KIND_IPC] = close_ipc,
 };
 
 CUresult vc_memory_charge(const struct vc_device *d, uint64_t bytes)
@@ -239,6 +241,37 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     return release(VC_KIND_HANDLE, handle);
 }
+
+/* Memory another process exported (cuIpcGetMemHandle) is charged to the
+ * importer at its size, once mapped: the library cannot tell whether the
+ * exporter is of the same container (and charged already) or not, so the
+ * safe side is to count it. Refused (closed again, out of memory) when it
+ * does not fit. */
+static CUresult open_ipc(CUresult (*real)(CUdeviceptr *, CUipcMemHandle, unsigned),
+                         CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned flags)
+{
+    const struct vc_device *d = target(pdptr != NULL);
+    CUresult r = real(pdptr, handle, flags);
+    uint64_t size = 0;
+    CUdeviceptr base;
+    size_t bytes;
+    if (d && r == CUDA_SUCCESS && vc_real_cuMemGetAddressRange_v2(&base, &bytes, *pdptr) == CUDA_SUCCESS)
+        size = bytes;
+    return settle(d, r, 0, size, VC_KIND_IPC, d && r == CUDA_SUCCESS ? *pdptr : 0);
+}
+
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    return open_ipc(vc_real_cuIpcOpenMemHandle, pdptr, handle, Flags);
+}
+
+CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                       unsigned int Flags)
+{
+    return open_ipc(vc_real_cuIpcOpenMemHandle_v2, pdptr, handle, Flags);
+}
+
+CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr) { return release(VC_KIND_IPC, dptr); }
 
 void vc_memory_refresh(void)
 {

@@ -8,7 +8,8 @@
 #include "api.h"
 #include "devices.h"
 
-enum vc_kind { VC_KIND_POINTER = 1, VC_KIND_ARRAY, VC_KIND_MIPMAP, VC_KIND_HANDLE };
+/* VC_KIND_IPC: memory of another process, mapped by cuIpcOpenMemHandle. */
+enum vc_kind { VC_KIND_POINTER = 1, VC_KIND_ARRAY, VC_KIND_MIPMAP, VC_KIND_HANDLE, VC_KIND_IPC };
 
 struct vc_charge {
     const struct vc_device *device;

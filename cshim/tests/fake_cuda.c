@@ -25,6 +25,8 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuDeviceGetUuid
 #undef cuMemGetInfo
+#undef cuIpcOpenMemHandle
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
@@ -60,7 +62,8 @@ struct pool {
 };
 
 /* K_GRAPH: a graph's allocation that outlives the graph (its memory is the graph memory's). */
-enum kind { K_POINTER = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_ASYNC, K_GRAPH };
+/* K_IPC: another process's memory mapped here (the device memory is the exporter's). */
+enum kind { K_POINTER = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_ASYNC, K_GRAPH, K_IPC };
 
 struct allocation {
     enum kind kind;                   /* 0: free entry */
@@ -466,6 +469,8 @@ static void free_allocation(struct allocation *a)
         a->pool->used -= a->bytes;   /* stays reserved by the pool */
     else if (a->kind == K_GRAPH)
         graph_kept[a->ordinal] -= a->bytes;   /* stays reserved as graph memory */
+    else if (a->kind == K_IPC)
+        ;                                     /* the exporter's memory */
     else
         give_back(a->ordinal, a->bytes);
     a->kind = 0;
@@ -884,6 +889,73 @@ PER_THREAD(cuMemFreeAsync)(CUdeviceptr dptr, CUstream hStream)
     return free_async(dptr, hStream, true);
 }
 
+/* ---- memory of other processes ---- */
+
+/* What an IPC handle carries here. */
+struct ipc_handle {
+    uint64_t magic;
+    int32_t pid;
+    int32_t ordinal;
+    uint64_t address, bytes;
+};
+
+#define IPC_MAGIC 0x66616b6569706331ULL
+
+CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    struct allocation *a = ready() && pHandle ? lookup(K_POINTER, dptr) : NULL;
+    if (!a)
+        return ready() ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_NOT_INITIALIZED;
+    struct ipc_handle h = {IPC_MAGIC, getpid(), a->ordinal, a->handle, a->bytes};
+    _Static_assert(sizeof h <= sizeof *pHandle, "an IPC handle holds 64 bytes");
+    memset(pHandle, 0, sizeof *pHandle);
+    memcpy(pHandle, &h, sizeof h);
+    return CUDA_SUCCESS;
+}
+
+/* Maps another process's allocation; as on the driver, not one of this process's own. */
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    (void)Flags;
+    CUresult r = need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    struct ipc_handle h;
+    memcpy(&h, &handle, sizeof h);
+    if (!pdptr || h.magic != IPC_MAGIC || h.ordinal != current->ordinal)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (h.pid == getpid())
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *pdptr = next_address;
+    next_address += ROUND_UP(h.bytes, GRANULARITY);
+    record(K_IPC, *pdptr, h.bytes, current->ordinal, current, NULL);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+    return cuIpcOpenMemHandle_v2(pdptr, handle, Flags);
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) { return release(K_IPC, dptr); }
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    for (int i = 0; ready() && i < MAX_ALLOCATIONS; i++) {
+        const struct allocation *a = &allocations[i];
+        bool addressed = a->kind == K_POINTER || a->kind == K_ASYNC || a->kind == K_GRAPH
+                         || a->kind == K_IPC;
+        if (addressed && dptr >= a->handle && dptr < a->handle + a->bytes) {
+            if (pbase)
+                *pbase = a->handle;
+            if (psize)
+                *psize = a->bytes;
+            return CUDA_SUCCESS;
+        }
+    }
+    return ready() ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_NOT_INITIALIZED;
+}
+
 /* ---- graph memory ---- */
 
 CUresult fake_graph_back(uint64_t transient, const CUdeviceptr *kept, const uint64_t *kept_bytes,
@@ -1083,6 +1155,11 @@ static const struct entry entries[] = {
     E("cuGraphMemFreeNodeGetParams", 11040, cuGraphMemFreeNodeGetParams),
     E("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
     E("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
+    E("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle),
+    E("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle),
+    E("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    E("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    E("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
     E("cuGraphLaunch", 10000, cuGraphLaunch),
     PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz),
     E("cuGraphExecDestroy", 10000, cuGraphExecDestroy),

@@ -35,8 +35,15 @@ static void init_devices(struct fake_state *s)
     }
 }
 
+/* A fork while another thread holds the lock must not leave it held in the child. */
+static void before_fork(void) { pthread_mutex_lock(&lock); }
+static void after_fork(void) { pthread_mutex_unlock(&lock); }
+static pthread_once_t fork_safe = PTHREAD_ONCE_INIT;
+static void register_fork_handlers(void) { pthread_atfork(before_fork, after_fork, after_fork); }
+
 struct fake_state *fake_state(void)
 {
+    pthread_once(&fork_safe, register_fork_handlers);
     pthread_mutex_lock(&lock);
     if (!state) {
         const char *path = getenv("VCUDA_FAKE_STATE");

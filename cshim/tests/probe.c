@@ -16,6 +16,7 @@
  *   info | total DEV | nvml | wait | sleep MS | fork CMD;CMD... | hammer BYTES
  *   resolve | wrapped
  *   gcapture MODE BYTES free|keep | gnode BYTES | glaunch N | gupload N | gtrim | gmem
+ *   ipcexport N | ipcopen HEX
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
  *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
@@ -125,6 +126,9 @@ struct api {
     CUresult (*GraphExecDestroy)(CUgraphExec);
     CUresult (*DeviceGraphMemTrim)(CUdevice);
     CUresult (*DeviceGetGraphMemAttribute)(CUdevice, CUgraphMem_attribute, void *);
+    CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+    CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned);
+    CUresult (*IpcCloseMemHandle)(CUdeviceptr);
 };
 
 struct binding {
@@ -195,6 +199,9 @@ static const struct binding bindings[] = {
     BIND(DeviceGraphMemTrim, "cuDeviceGraphMemTrim", cuDeviceGraphMemTrim, 11040),
     BIND(DeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", cuDeviceGetGraphMemAttribute,
          11040),
+    BIND(IpcGetMemHandle, "cuIpcGetMemHandle", cuIpcGetMemHandle, 4010),
+    BIND(IpcOpenMemHandle, "cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2, 11000),
+    BIND(IpcCloseMemHandle, "cuIpcCloseMemHandle", cuIpcCloseMemHandle, 4010),
 };
 
 #define NBINDINGS (sizeof bindings / sizeof *bindings)
@@ -255,7 +262,7 @@ static void bind_all(const char *mode)
 
 /* ---- objects the commands create ---- */
 
-enum kind { POINTER, ARRAY, MIPMAP, HANDLE, ASYNC, CONTEXT, GRAPH };
+enum kind { POINTER, ARRAY, MIPMAP, HANDLE, ASYNC, CONTEXT, GRAPH, IPC };
 
 struct object {
     enum kind kind;
@@ -346,6 +353,8 @@ static CUresult free_object(int n)
         return api.CtxDestroy((CUcontext)o->handle);
     case GRAPH:
         return api.GraphExecDestroy((CUgraphExec)o->handle);
+    case IPC:
+        return api.IpcCloseMemHandle(o->handle);
     }
     return CUDA_ERROR_INVALID_VALUE;
 }
@@ -936,6 +945,29 @@ static int step(char **cmd, int left)
         if (r == CUDA_SUCCESS)
             r = api.StreamSynchronize(0);
         out("%s %s\n", c, name(r));
+        return 2;
+    }
+    if (!strcmp(c, "ipcexport")) {
+        /* Prints the IPC handle of allocation N as hex, for another process's ipcopen. */
+        int n = atoi(a1);
+        CUipcMemHandle h = {{0}};
+        r = n >= 0 && n < nobjects ? api.IpcGetMemHandle(&h, objects[n].handle)
+                                   : CUDA_ERROR_INVALID_VALUE;
+        char hex[2 * sizeof h + 1] = "-";
+        for (size_t i = 0; r == CUDA_SUCCESS && i < sizeof h; i++)
+            snprintf(hex + 2 * i, 3, "%02x", (unsigned char)h.reserved[i]);
+        out("ipcexport %s %s\n", name(r), hex);
+        return 2;
+    }
+    if (!strcmp(c, "ipcopen")) {
+        CUipcMemHandle h = {{0}};
+        for (size_t i = 0; i < sizeof h && a1[2 * i] && a1[2 * i + 1]; i++) {
+            unsigned byte = 0;
+            sscanf(a1 + 2 * i, "%2x", &byte);
+            h.reserved[i] = (char)byte;
+        }
+        r = api.IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+        report(c, r, IPC, p);
         return 2;
     }
     if (!strcmp(c, "gtrim")) {
