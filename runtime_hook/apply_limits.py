@@ -66,7 +66,7 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
         except ledger.DuplicateError as exc:
             raise HookError(str(exc), "the runtime started one container id twice") from None
     try:
-        _prepare(record, render_limits(limits), flags.account_mib)
+        write_record_files(record, render_limits(limits), flags.account_mib)
         sources = inject.Sources(
             library=flags.library,
             limits=os.path.join(record, LIMITS_FILE),
@@ -101,9 +101,12 @@ def _entry(
     )
 
 
-def _prepare(record: str, limits_text: str, account_mib: int) -> None:
-    """Write the container's limits and (empty) preload files and mount its account tmpfs."""
-    for name, content in ((LIMITS_FILE, limits_text), (PRELOAD_FILE, "")):
+def write_record_files(record: str, limits_text: str, account_mib: int, preload: str = "") -> None:
+    """Write a ledger record's limits and preload files and mount its account tmpfs.
+
+    The hook leaves ``preload`` empty and fills it once it has read the image's own list.
+    """
+    for name, content in ((LIMITS_FILE, limits_text), (PRELOAD_FILE, preload)):
         with open(os.path.join(record, name), "x", encoding="utf-8") as out:
             out.write(content)
         os.chmod(os.path.join(record, name), 0o644)

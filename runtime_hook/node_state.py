@@ -8,7 +8,9 @@
         account/                   a small tmpfs shared read-write with it at /run/vcuda
 
 A container is gone when the process in ``owner`` has exited, or its pid now
-belongs to a process with another start time (pid reuse). Releasing a gone
+belongs to a process with another start time (pid reuse). A record whose
+owner is pid 0 belongs to no process: a DRA claim that the node agent's
+kubelet plugin prepared, released only when kubelet unprepares it. Releasing a gone
 container is how poststop works, and how hooks that crashed or containers
 that died without their poststop stop holding GPU memory.
 
@@ -28,6 +30,7 @@ OWNER_FILE = "owner"
 LIMITS_FILE = "limits"
 PRELOAD_FILE = "ld.so.preload"
 ACCOUNT_DIR = "account"
+CLAIM_OWNER_PID = 0  # owner of a DRA claim's record: no process, released by unprepare
 
 _LOCK_POLL = 0.01
 
@@ -108,6 +111,8 @@ class StateDir:
                 pid, start = (int(word) for word in src.read().split())
         except (OSError, ValueError):
             return True  # half-built or damaged: nothing can rely on it
+        if pid == CLAIM_OWNER_PID:
+            return False
         return process_start_time(pid) != start
 
     def release_gone(self) -> list[str]:

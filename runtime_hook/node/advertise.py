@@ -80,23 +80,31 @@ def update_inventory(path: str, gpus: list[Gpu]) -> bool:
     return True
 
 
+def api_client(kubeconfig: str | None = None) -> Any:
+    """A ``kubernetes`` ApiClient: from ``kubeconfig``, else the pod's service account.
+
+    Raise AdvertiseError when there are no credentials.
+    """
+    from kubernetes import client, config  # only an agent that talks to Kubernetes pays for it
+
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        return config.new_client_from_config(config_file=kubeconfig)
+    except (config.ConfigException, OSError) as exc:
+        raise AdvertiseError(f"no Kubernetes credentials: {exc}") from None
+
+
 class NodeStatus:
     """One node's status through the ``kubernetes`` client."""
 
     def __init__(self, node: str, kubeconfig: str | None = None) -> None:
-        from kubernetes import client, config  # only an agent that advertises pays for it
+        from kubernetes import client
 
         self.node = node
-        try:
-            if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                configuration = client.Configuration()
-                config.load_incluster_config(client_configuration=configuration)
-                api_client = client.ApiClient(configuration)
-            else:
-                api_client = config.new_client_from_config(config_file=kubeconfig)
-        except (config.ConfigException, OSError) as exc:
-            raise AdvertiseError(f"no Kubernetes credentials: {exc}") from None
-        self._api = client.CoreV1Api(api_client)
+        self._api = client.CoreV1Api(api_client(kubeconfig))
 
     def read(self) -> dict[str, Any]:
         """The node object, as JSON."""

@@ -15,6 +15,7 @@ from runtime_hook.node.observe import Observer
 
 if TYPE_CHECKING:  # the agent loads them (and kubernetes, grpc) only to advertise, to place
     from runtime_hook.node.advertise import NodeStatus
+    from runtime_hook.node.dra.driver import DraSettings, Driver
     from runtime_hook.node.placement_agent import Placement
 # Where kubelet and the runtime meet vcuda's device plugin, on the node (under --host-root).
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -23,7 +24,7 @@ CDI_DIR = "/var/run/cdi"
 
 
 class Settings(NamedTuple):
-    """The command line of ``vcuda-node run``."""
+    """The command line of ``vcuda-node run``; ``dra`` None when the agent is no DRA driver."""
 
     host_root: str
     state_dir: str
@@ -37,20 +38,24 @@ class Settings(NamedTuple):
     advertise: bool
     kubeconfig: str | None
     placement: bool = False
+    dra: DraSettings | None = None
 
 
 class Advertiser:
     """One pass of keeping the inventory file and the node's extended resources in step with NVML.
 
-    ``status`` is the node's, or None to write the inventory alone.
+    ``status`` is the node's, or None to write the inventory alone; ``driver`` the DRA
+    driver whose ResourceSlice follows the GPUs too, or None.
     """
 
     def __init__(
-        self, nvml: Nvml, settings: Settings, status: NodeStatus | None, log: logging.Logger
+        self, nvml: Nvml, settings: Settings, status: NodeStatus | None, log: logging.Logger,
+        driver: Driver | None = None,
     ) -> None:
         self._nvml = nvml
         self._settings = settings
         self._status = status
+        self._driver = driver
         self._log = log
         self.problems = Problems(log, "advertise")
         state = os.path.join(settings.host_root, settings.state_dir.lstrip("/"))
@@ -71,6 +76,8 @@ class Advertiser:
             self._write_inventory(gpus)
             if self._status is not None:
                 self._advertise(self._status, gpus)
+            if self._driver is not None:
+                self._driver.publish(self._nvml, gpus, self.problems)
         self.problems.cycle_done()
         return gpus
 
@@ -104,11 +111,18 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
 
     ``nvml`` defaults to the ``pynvml`` library's.
     """
-    status = None
-    if settings.advertise:
+    status: NodeStatus | None = None
+    driver: Driver | None = None
+    if settings.advertise and settings.dra is None:
         from runtime_hook.node.advertise import NodeStatus
 
         status = NodeStatus(settings.node, settings.kubeconfig)
+    if settings.dra is not None:  # the GPUs go to ResourceSlices instead of the node's status
+        from runtime_hook.node.dra import driver as dra
+        from runtime_hook.node.dra.kube import DraApi
+
+        driver = dra.Driver(settings.dra, settings.node, settings.host_root, settings.state_dir,
+                        settings.memory_scaling, DraApi(settings.kubeconfig), log)
     nvml = nvml or Nvml()
     observer = Observer(nvml, Problems(log, "metrics"), settings.host_root, settings.state_dir,
                         tuple(settings.run_dirs))
@@ -116,9 +130,11 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
                            settings.address, settings.port)
     event(log, logging.INFO, "serving", address=settings.address, port=server.server_port,
           node=settings.node, advertise=settings.advertise)
-    advertiser = Advertiser(nvml, settings, status, log)
+    advertiser = Advertiser(nvml, settings, status, log, driver)
     placement = _placement(settings, status, log) \
         if settings.placement and status is not None else None
+    if driver is not None:
+        driver.start()
     try:
         while not stop.is_set():
             gpus = advertiser.once()
@@ -129,6 +145,8 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
     finally:
         if placement is not None:
             placement.stop()
+        if driver is not None:
+            driver.stop()
         server.shutdown()
         server.server_close()
         thread.join()

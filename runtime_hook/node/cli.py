@@ -10,7 +10,7 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime_hook.contract import (
     DEFAULT_DOMAINS,
@@ -19,9 +19,14 @@ from runtime_hook.contract import (
     check_domains,
     memory_scaling,
 )
-from runtime_hook.hook_cli import DEFAULT_STATE_DIR
+from runtime_hook.hook_cli import DEFAULT_LIBRARY, DEFAULT_STATE_DIR
+from runtime_hook.node.dra import cdi
+from runtime_hook.node.dra.plugin import DEFAULT_KUBELET_DIR
 from runtime_hook.node.logs import LEVELS, event, setup
 from runtime_hook.node.runtime_config import DEFAULT_PREFIX, RUNTIMES
+
+if TYPE_CHECKING:  # loaded by run --dra only
+    from runtime_hook.node.dra.driver import DraSettings
 
 DEFAULT_PORT = 9400
 
@@ -67,6 +72,12 @@ def _seconds(text: str) -> float:
     if not 1 <= value < math.inf:  # NaN fails every comparison: refused too
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, at least 1")
     return value
+
+
+def _mib(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1024:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MiB, 1..1024")
+    return int(text)
 
 
 def _port(text: str) -> int:
@@ -163,6 +174,25 @@ def _parser() -> argparse.ArgumentParser:
                             "container the GPUs its pod was bound with), and prune the "
                             "node's GPU ledger (default: no; NVIDIA's device plugin then "
                             "hands out GPUs)")
+    dra = agent.add_argument_group(
+        "DRA (Kubernetes 1.34 or later; docs/DRA.md)",
+        "With --dra the node's GPUs are offered as a ResourceSlice of driver vcuda.io "
+        "(consumable cores and memory) instead of extended resources, and the agent is "
+        "kubelet's plugin that prepares claims: limits file and CDI spec per claim.")
+    dra.add_argument("--dra", action="store_true",
+                     help="be a DRA driver on this node (default: no)")
+    dra.add_argument("--kubelet-dir", type=_absolute, default=DEFAULT_KUBELET_DIR, metavar="DIR",
+                     help=f"kubelet's root directory on the node (default: {DEFAULT_KUBELET_DIR})")
+    dra.add_argument("--cdi-dir", type=_absolute, default=cdi.DEFAULT_DIR, metavar="DIR",
+                     help="where the runtime reads transient CDI specs on the node "
+                          f"(default: {cdi.DEFAULT_DIR})")
+    dra.add_argument("--library", type=_absolute, default=DEFAULT_LIBRARY, metavar="FILE",
+                     help=f"libvcuda.so on the node, as installed (default: {DEFAULT_LIBRARY})")
+    dra.add_argument("--gpu-cdi-kind", default=cdi.NVIDIA_KIND, metavar="KIND",
+                     help="CDI kind of NVIDIA's spec, whose devices are named by GPU UUID "
+                          f"(nvidia-ctk cdi generate; default: {cdi.NVIDIA_KIND})")
+    dra.add_argument("--account-mib", type=_mib, default=4, metavar="MIB",
+                     help="size of each claim's /run/vcuda tmpfs (default: 4, as the hook)")
     return parser
 
 
@@ -201,6 +231,14 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging
     domains: tuple[str, ...] = ()
     if args.placement and not args.advertise:
         parser.error("run: --placement needs the node's API (drop --no-advertise)")
+    if args.dra and not args.advertise:
+        parser.error("run: --dra needs Kubernetes; leave out --no-advertise")
+    if args.dra and args.placement:
+        parser.error("run: --dra and --placement are two ways to place pods on GPUs; a node "
+                     "takes one (docs/DRA.md)")
+    if args.dra and os.path.basename(args.library) != "libvcuda.so":
+        parser.error(f"run: --library {args.library}: the file must be named libvcuda.so "
+                     "(its directory is mounted into containers)")
     if args.advertise:
         if not args.node_name:
             parser.error("run: --node-name (or $NODE_NAME) is needed to advertise; "
@@ -222,6 +260,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging
         advertise=args.advertise,
         kubeconfig=args.kubeconfig,
         placement=args.placement,
+        dra=_dra_settings(args) if args.dra else None,
     )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -233,3 +272,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging
         print(f"vcuda-node run: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _dra_settings(args: argparse.Namespace) -> DraSettings:
+    from runtime_hook.node.dra.driver import DraSettings
+
+    return DraSettings(kubelet_dir=args.kubelet_dir, cdi_dir=args.cdi_dir, library=args.library,
+                       gpu_cdi_kind=args.gpu_cdi_kind, account_mib=args.account_mib)

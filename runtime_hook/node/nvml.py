@@ -61,6 +61,18 @@ class Nvml:
                     problems.report("nvml", f"GPU {index}", f"NVML: {exc}")
             return found
 
+    def model(self, index: int) -> tuple[str, tuple[int, int]]:
+        """GPU ``index``'s product name and CUDA compute capability (major, minor)."""
+        with self._lock:
+            lib = self._start()
+            try:
+                handle = lib.nvmlDeviceGetHandleByIndex(index)
+                name = lib.nvmlDeviceGetName(handle)
+                major, minor = lib.nvmlDeviceGetCudaComputeCapability(handle)
+            except lib.NVMLError as exc:
+                raise NvmlError(f"NVML cannot describe GPU {index}: {exc}") from None
+        return (name.decode() if isinstance(name, bytes) else name), (int(major), int(minor))
+
     def process_utilization(self, index: int, now: float | None = None) -> dict[int, int]:
         """SM utilization in percent of each process busy on GPU ``index``, by host pid.
 

@@ -34,6 +34,8 @@ class FakeDevice:
     lost: bool = False
     has_utilization: bool = True
     sample_age: float = 0.1  # seconds between the latest sample and the query
+    name: str = "NVIDIA H100 80GB HBM3"
+    compute_capability: tuple[int, int] = (9, 0)
 
 
 class FakeNvml:
@@ -81,6 +83,12 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: FakeDevice) -> str:
         return self._device("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetName(self, handle: FakeDevice) -> str:
+        return self._device("nvmlDeviceGetName", handle).name
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: FakeDevice) -> tuple[int, int]:
+        return self._device("nvmlDeviceGetCudaComputeCapability", handle).compute_capability
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeDevice) -> pynvml.c_nvmlMemory_t:
         device = self._device("nvmlDeviceGetMemoryInfo", handle)

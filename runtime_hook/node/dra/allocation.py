@@ -1,0 +1,110 @@
+"""What a ResourceClaim's allocation gives this node's vcuda devices: a share of each GPU.
+
+The scheduler writes ``status.allocation.devices.results``, one result per
+allocated device with the ``consumedCapacity`` it charged (rounded up to the
+device's request policy). A result for ``vcuda.io`` in this node's pool
+becomes a :class:`Share`. A result without ``consumedCapacity`` (the
+``DRAConsumableCapacity`` feature gate off) had the device to itself: the
+whole GPU. All of a claim's vcuda shares must consume the same cores and
+memory, because one limits file serves every container that uses the claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from runtime_hook.contract import MEMORY_UNIT
+from runtime_hook.hook_errors import NodeError
+from runtime_hook.node.dra.slices import CORES, DRIVER
+from runtime_hook.record import Record
+
+
+class AllocationError(NodeError, ValueError):
+    """The claim's allocation cannot be prepared here; the message says why."""
+
+    fix = "delete the pod and its claim so that the scheduler allocates it again"
+
+
+class Share(Record):
+    """One allocated device: its result's request, device name, GPU UUID, cores and memory.
+
+    ``whole``: the claim consumed all of the GPU, which vcuda then does not limit.
+    """
+
+    _fields = ("request", "device", "uuid", "cores", "memory", "whole")
+    __slots__ = _fields
+    request: str
+    device: str
+    uuid: str
+    cores: int
+    memory: int
+    whole: bool
+
+
+def claim_name(claim: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a claim object, for messages."""
+    metadata = claim.get("metadata") or {}
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def shares(claim: Mapping[str, Any], pool: str,
+           offered: Mapping[str, tuple[str, int]]) -> list[Share]:
+    """The claim's shares of this node's GPUs.
+
+    ``pool`` is this node's pool; ``offered`` maps each device name of its slice
+    to (GPU UUID, memory capacity in bytes). Raise AllocationError when the
+    allocation is missing or names what this node does not offer.
+    """
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise AllocationError(f"claim {claim_name(claim)} has no allocation yet",
+                              "wait: kubelet prepares a claim once it is allocated")
+    results = (allocation.get("devices") or {}).get("results") or []
+    found = [_share(result, pool, offered, claim) for result in results
+             if result.get("driver") == DRIVER]
+    if len({(s.cores, s.memory) for s in found}) > 1:
+        raise AllocationError(
+            f"claim {claim_name(claim)} consumes different cores or memory on its vcuda "
+            "devices, and one limits file serves the whole claim",
+            "ask for one size per claim: a claim for each size")
+    return found
+
+
+def _share(result: Mapping[str, Any], pool: str, offered: Mapping[str, tuple[str, int]],
+           claim: Mapping[str, Any]) -> Share:
+    device = result.get("device", "")
+    if result.get("pool") != pool:
+        raise AllocationError(f"claim {claim_name(claim)}: device {device} of pool "
+                              f"{result.get('pool')!r} is not on this node (pool {pool!r})")
+    if device not in offered:
+        raise AllocationError(f"claim {claim_name(claim)}: device {device} is not a GPU of "
+                              "this node (removed since it was allocated?)")
+    uuid, capacity = offered[device]
+    consumed = result.get("consumedCapacity")
+    if consumed is None:
+        return Share(result.get("request", ""), device, uuid, CORES, capacity, True)
+    cores = _amount(consumed, "cores", CORES, 1, CORES, claim)
+    memory = _amount(consumed, "memory", capacity, MEMORY_UNIT, capacity, claim)
+    if memory % MEMORY_UNIT:
+        raise AllocationError(f"claim {claim_name(claim)}: memory {memory} is not a whole "
+                              f"number of {MEMORY_UNIT >> 20} MiB")
+    whole = cores == CORES and memory == capacity
+    return Share(result.get("request", ""), device, uuid, cores, memory, whole)
+
+
+def _amount(consumed: Mapping[str, Any], key: str, default: int, low: int, high: int,
+            claim: Mapping[str, Any]) -> int:
+    raw = consumed.get(key)
+    if raw is None:
+        return default
+    from kubernetes.utils.quantity import parse_quantity  # the client's own parser
+
+    try:
+        value = parse_quantity(raw)
+    except ValueError as exc:
+        raise AllocationError(f"claim {claim_name(claim)}: consumed {key}: {exc}") from None
+    if value != int(value) or not low <= value <= high:
+        raise AllocationError(f"claim {claim_name(claim)}: consumed {key} {raw!r} is not a "
+                              f"whole number in {low}..{high}")
+    return int(value)

@@ -1,0 +1,118 @@
+"""The transient CDI spec of one prepared claim: what the runtime adds to each of its containers.
+
+Kubelet hands the runtime the CDI device names that Prepare returned; the
+runtime (containerd, CRI-O, podman) reads the spec from its CDI directory
+(``/var/run/cdi`` holds transient ones) and applies its container edits:
+
+    /usr/local/vcuda/lib   the directory of the node's library (read-only)
+    /etc/vcuda             the claim's ledger record: its limits file (read-only)
+    /etc/ld.so.preload     the library's line (read-only)
+    /run/vcuda             the claim's account directory (read-write)
+    LD_PRELOAD             the library, for processes started where /etc was replaced
+
+Directories are mounted where the shim's paths allow, not single files: a
+mountpoint cannot be renamed, so root in the container cannot move
+``/etc/vcuda`` aside and leave the library without its limits. (Renaming
+``/etc`` itself stays possible; the environment variable keeps the library
+loaded in processes started as usual then.)
+
+The GPU itself comes from NVIDIA's CDI spec (``nvidia-ctk cdi generate``),
+whose device ``nvidia.com/gpu=<uuid>`` Prepare names beside this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+from runtime_hook import inject
+from runtime_hook.contract import ACCOUNT_MOUNT, LIMITS_PATH
+from runtime_hook.hook_errors import UsageError
+from runtime_hook.node_state import ACCOUNT_DIR, LIMITS_FILE, PRELOAD_FILE
+
+assert os.path.basename(LIMITS_PATH) == LIMITS_FILE  # /etc/vcuda is the record itself
+
+KIND = "vcuda.io/claim"
+NVIDIA_KIND = "nvidia.com/gpu"
+# 0.5.0 has everything used here, and every CDI-capable runtime reads it
+# (podman 4.3, containerd 1.7, CRI-O 1.28 included).
+CDI_VERSION = "0.5.0"
+DEFAULT_DIR = "/var/run/cdi"
+
+_READ_ONLY = ["ro", "bind", "nosuid", "nodev"]
+
+
+def device_id(claim_uid: str) -> str:
+    """The fully qualified CDI name of a claim's vcuda device."""
+    return f"{KIND}={claim_uid}"
+
+
+def gpu_id(uuid: str, kind: str = NVIDIA_KIND) -> str:
+    """NVIDIA's CDI name of the GPU ``uuid`` (its spec names devices by UUID)."""
+    return f"{kind}={uuid}"
+
+
+def spec_path(directory: str, claim_uid: str) -> str:
+    """Where the spec of ``claim_uid`` lives in the CDI ``directory``."""
+    return os.path.join(directory, f"{KIND.replace('/', '-')}_{claim_uid}.json")
+
+
+def spec(claim_uid: str, record: str, library: str) -> dict[str, Any]:
+    """The CDI spec of a claim whose ledger record (host path) is ``record``.
+
+    ``library`` is the host path of libvcuda.so; its directory is mounted, so
+    its name must be the one the container's preload list gives.
+    """
+    if os.path.basename(library) != os.path.basename(inject.LIBRARY_PATH):
+        raise UsageError(f"the library {library} must be named "
+                         f"{os.path.basename(inject.LIBRARY_PATH)}",
+                         "give vcuda-node run --library the installed libvcuda.so")
+    data = [*_READ_ONLY, "noexec"]
+    mounts = [
+        (os.path.dirname(library), os.path.dirname(inject.LIBRARY_PATH), _READ_ONLY),
+        (record, os.path.dirname(LIMITS_PATH), data),
+        (os.path.join(record, PRELOAD_FILE), inject.PRELOAD_PATH, data),
+        (os.path.join(record, ACCOUNT_DIR), ACCOUNT_MOUNT,
+         ["rw", "bind", "nosuid", "nodev", "noexec"]),
+    ]
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": [{
+            "name": claim_uid,
+            "containerEdits": {
+                "env": [f"LD_PRELOAD={inject.LIBRARY_PATH}"],
+                "mounts": [{"hostPath": host, "containerPath": target, "options": options}
+                           for host, target, options in mounts],
+            },
+        }],
+    }
+
+
+def write(path: str, body: dict[str, Any]) -> None:
+    """Write the spec ``body`` to ``path`` whole (a runtime never reads half of it)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    # A name runtimes skip (not .json), unique to this call: prepares run in threads.
+    fd, partial = tempfile.mkstemp(dir=directory, prefix=".", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(body, out, indent=1, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        remove(partial)
+        raise
+
+
+def remove(path: str) -> bool:
+    """Remove the spec at ``path``; return whether there was one."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True

@@ -1,0 +1,71 @@
+"""vcuda as a DRA driver on one node: the kubelet plugin and the node's ResourceSlice together."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from runtime_hook.contract import Gpu
+from runtime_hook.node.dra.kube import DraApi, KubeError
+from runtime_hook.node.dra.plugin import KubeletPlugin, with_fix
+from runtime_hook.node.dra.prepare import Paths, Preparer
+from runtime_hook.node.dra.publish import publish
+from runtime_hook.node.dra.slices import GpuModel
+from runtime_hook.node.logs import Problems, event
+from runtime_hook.node.nvml import Nvml, NvmlError
+from runtime_hook.record import Record
+
+
+class DraSettings(Record):
+    """The DRA options of ``vcuda-node run``: node paths of kubelet's directory, the CDI
+    directory, libvcuda.so; the CDI kind of NVIDIA's GPUs; the account tmpfs size."""
+
+    _fields = ("kubelet_dir", "cdi_dir", "library", "gpu_cdi_kind", "account_mib")
+    __slots__ = _fields
+    kubelet_dir: str
+    cdi_dir: str
+    library: str
+    gpu_cdi_kind: str
+    account_mib: int
+
+
+class Driver:
+    """Serves kubelet and publishes the slice of ``node`` (its pool has the node's name)."""
+
+    def __init__(self, settings: DraSettings, node: str, host_root: str, state_dir: str,
+                 scaling: float, api: DraApi, log: logging.Logger) -> None:
+        self._node = node
+        self._scaling = scaling
+        self._api = api
+        self._log = log
+        paths = Paths(host_root=host_root, state_dir=state_dir, cdi_dir=settings.cdi_dir,
+                      library=settings.library, account_mib=settings.account_mib)
+        preparer = Preparer(paths, pool=node, scaling=scaling, gpu_kind=settings.gpu_cdi_kind)
+        self.plugin = KubeletPlugin(preparer, api.claim, host_root, settings.kubelet_dir, log)
+
+    def start(self) -> None:
+        """Start serving kubelet."""
+        self.plugin.start()
+
+    def stop(self) -> None:
+        """Stop serving kubelet (the slice stays: kubelet removes it if the plugin stays away)."""
+        self.plugin.stop()
+
+    def publish(self, nvml: Nvml, gpus: Iterable[Gpu], problems: Problems) -> None:
+        """Make the node's slice offer ``gpus`` (described through ``nvml``)."""
+        models = []
+        for gpu in gpus:
+            try:
+                product, capability = nvml.model(gpu.index)
+            except NvmlError as exc:
+                problems.report("nvml", f"GPU {gpu.index}", str(exc))
+                continue
+            models.append(GpuModel(gpu.uuid, gpu.index, gpu.memory, product, capability))
+        try:
+            done = publish(self._api, self._node, models, self._scaling)
+        except KubeError as exc:
+            problems.report("resourceslice", f"node {self._node}", with_fix(exc))
+            return
+        if done:
+            event(self._log, logging.INFO, f"resourceslice_{done}", node=self._node,
+                  devices=len(models))

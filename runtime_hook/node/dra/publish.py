@@ -1,0 +1,35 @@
+"""Keeping this node's ResourceSlice equal to its GPUs: created once, replaced when they change."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from runtime_hook.node.dra.kube import DraApi
+from runtime_hook.node.dra.slices import GpuModel, resource_slice, slice_name
+
+
+def publish(api: DraApi, node: str, gpus: Iterable[GpuModel], scaling: float) -> str | None:
+    """Make ``node``'s slice offer ``gpus``; return what was done ("created", "updated") or None.
+
+    The pool's generation goes up by one with every change, as the scheduler requires.
+    """
+    gpus = list(gpus)
+    current = api.slice(slice_name(node))
+    if current is None:
+        api.create_slice(resource_slice(node, gpus, scaling, generation=1))
+        return "created"
+    generation = int(current["spec"]["pool"].get("generation", 0))
+    wanted = resource_slice(node, gpus, scaling, generation)
+    if _same(current, wanted):
+        return None
+    wanted = resource_slice(node, gpus, scaling, generation + 1)
+    wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    api.replace_slice(wanted)
+    return "updated"
+
+
+def _same(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    labels = (current["metadata"].get("labels") or {})
+    return current["spec"] == wanted["spec"] and all(
+        labels.get(k) == v for k, v in wanted["metadata"]["labels"].items())

@@ -1,0 +1,1 @@
+"""Tests of vcuda as a DRA driver."""

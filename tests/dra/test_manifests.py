@@ -1,0 +1,150 @@
+"""The DRA manifests: valid for Kubernetes 1.34 and 1.36, wired as the driver needs, usable."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonpatch
+import kubernetes_validate
+import pytest
+import yaml
+
+from runtime_hook.node.dra.slices import GpuModel, resource_slice
+from tests.deploy.manifests import ROOT, documents, find
+from tests.dra.scheduler import Allocator
+from tests.node.fake_pynvml import GIB
+
+DRA = ROOT / "dra"
+VERSIONS = ("1.34", "1.36")
+OBJECT_FILES = sorted([*DRA.glob("*.yaml"), *(DRA / "examples").glob("*.yaml")])
+OBJECT_FILES = [p for p in OBJECT_FILES
+                if p.name not in ("kustomization.yaml", "daemonset-patch.yaml")]
+
+
+def _objects(name: str) -> list[dict[str, Any]]:
+    return documents(DRA / name)
+
+
+def _patched_daemonset() -> dict[str, Any]:
+    patch = yaml.safe_load((DRA / "daemonset-patch.yaml").read_text())
+    return jsonpatch.apply_patch(find("DaemonSet", "vcuda-node"), patch)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("path", OBJECT_FILES, ids=lambda p: str(p.relative_to(DRA)))
+def test_every_dra_manifest_validates_strictly(path: Path, version: str) -> None:
+    for obj in documents(path):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_patched_daemonset_validates_strictly(version: str) -> None:
+    kubernetes_validate.validate(_patched_daemonset(), version, strict=True)
+
+
+def test_strict_validation_rejects_a_capacity_request_in_the_wrong_place() -> None:
+    [template, *_] = _objects("examples/claim-templates.yaml")
+    request = template["spec"]["spec"]["devices"]["requests"][0]
+    request["capacity"] = request["exactly"].pop("capacity")  # belongs under exactly
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(template, "1.34", strict=True)
+
+
+def test_the_component_lists_every_dra_manifest_and_patches_the_node_daemonset() -> None:
+    kustomization = yaml.safe_load((DRA / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    assert set(kustomization["resources"]) == {p.name for p in OBJECT_FILES if p.parent == DRA}
+    [patch] = kustomization["patches"]
+    assert patch["path"] == "daemonset-patch.yaml"
+    assert patch["target"]["kind"] == "DaemonSet" and patch["target"]["name"] == "vcuda-node"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None,
+                    reason="kubectl is not installed (Debian does not package it)")
+def test_an_overlay_with_the_component_builds_the_patched_agent_and_the_dra_objects(
+        tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        # kustomize takes bases and components by relative paths only
+        "resources": [os.path.relpath(ROOT, tmp_path)],
+        "components": [os.path.relpath(DRA, tmp_path)]}))
+    built = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True,
+                           text=True, check=True, timeout=120).stdout
+    objects = [d for d in yaml.safe_load_all(built) if d]
+    [daemonset] = [o for o in objects if o["kind"] == "DaemonSet"]
+    assert daemonset == {**_patched_daemonset(), "metadata": daemonset["metadata"]}
+    kinds = {o["kind"] for o in objects}
+    assert {"DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+    for obj in objects:
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "vcuda"
+        for version in VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_agent_runs_as_the_dra_driver_and_its_mounts_reach_the_host() -> None:
+    spec = _patched_daemonset()["spec"]["template"]["spec"]
+    [agent] = [c for c in spec["containers"] if c["name"] == "agent"]
+    assert agent["command"][:5] == ["vcuda-node", "run", "--host-root", "/host", "--dra"]
+    # Each claim's account tmpfs is mounted by the agent and bound by the runtime.
+    [host] = [m for m in agent["volumeMounts"] if m["mountPath"] == "/host"]
+    assert host["mountPropagation"] == "Bidirectional"
+    assert agent["securityContext"]["privileged"] is True  # Bidirectional requires it
+    [volume] = [v for v in spec["volumes"] if v["name"] == host["name"]]
+    assert volume["hostPath"]["path"] == "/"  # kubelet's plugin directories and /var/run/cdi
+
+
+def test_the_driver_may_read_claims_and_write_slices_and_nothing_more() -> None:
+    [role] = [o for o in _objects("rbac.yaml") if o["kind"] == "ClusterRole"]
+    grants = {(r["resources"][0], verb) for r in role["rules"] for verb in r["verbs"]}
+    assert grants == {("resourceclaims", "get"), ("resourceslices", "get"),
+                      ("resourceslices", "create"), ("resourceslices", "update"),
+                      ("resourceslices", "delete")}
+    [binding] = [o for o in _objects("rbac.yaml") if o["kind"] == "ClusterRoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vcuda-node",
+                                    "namespace": "vcuda-system"}]
+    [policy_binding] = [o for o in _objects("slice-policy.yaml")
+                        if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert policy_binding["spec"]["validationActions"] == ["Deny"]
+
+
+def _device(driver: str) -> Any:
+    return celpy.json_to_cel({"driver": driver, "attributes": {}, "capacity": {}})
+
+
+def test_the_device_class_selects_vcuda_devices_only() -> None:
+    [device_class] = _objects("deviceclass.yaml")
+    env = celpy.Environment()
+    [selector] = device_class["spec"]["selectors"]
+    program = env.program(env.compile(selector["cel"]["expression"]))
+    assert program.evaluate({"device": _device("vcuda.io")})
+    assert not program.evaluate({"device": _device("gpu.nvidia.com")})
+
+
+def test_the_example_templates_allocate_what_they_say_on_an_h100() -> None:
+    h100 = GpuModel("GPU-0b5e1d2a-9c41-4f6e-8d3b-5a6f7e8d9c01", 0, 80 * GIB,
+                    "NVIDIA H100 80GB HBM3", (9, 0))
+    consumed = {}
+    for template in _objects("examples/claim-templates.yaml"):
+        allocator = Allocator([resource_slice("node-a", [h100], 1.0, 1)])
+        claim = {"spec": template["spec"]["spec"]}
+        assert allocator.allocate(claim), template["metadata"]["name"]
+        [result] = claim["status"]["allocation"]["devices"]["results"]
+        consumed[template["metadata"]["name"]] = result["consumedCapacity"]
+    assert consumed == {
+        "vcuda-30-10gi": {"cores": "30", "memory": "10Gi"},
+        "vcuda-whole-gpu": {"cores": "100", "memory": "80Gi"},
+        "vcuda-50-20gi-hopper": {"cores": "50", "memory": "20Gi"},
+    }
+
+
+def test_the_example_pod_uses_a_template_that_exists() -> None:
+    [pod] = _objects("examples/pod.yaml")
+    names = {t["metadata"]["name"] for t in _objects("examples/claim-templates.yaml")}
+    [claim] = pod["spec"]["resourceClaims"]
+    assert claim["resourceClaimTemplateName"] in names
+    assert pod["spec"]["containers"][0]["resources"]["claims"] == [{"name": claim["name"]}]
