@@ -15,9 +15,9 @@ import pytest
 import referencing
 
 from runtime_hook import contract
-from runtime_hook.busybox_root import make_busybox_root
 from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.slices import device_name
+from tests.busybox_root import make_busybox_root
 from tests.dra.conftest import GPU0, GPU1, LIBRARY, DraNode
 
 # Debian's golang-github-container-orchestrated-devices-container-device-interface-dev
