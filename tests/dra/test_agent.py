@@ -23,25 +23,6 @@ from tests.node.fake_nodes_api import NODE_AGENT
 from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["run", "--dra", "--no-advertise"], "--dra needs Kubernetes; leave out --no-advertise"),
-    (["run", "--dra", "--placement", "--node-name", "n1"],
-     "--dra and --placement are two ways to place pods on GPUs; a node takes one"),
-    (["run", "--dra", "--node-name", "n1", "--library", "/opt/vcuda/libvcuda-2.so"],
-     "--library /opt/vcuda/libvcuda-2.so: the file must be named libvcuda.so"),
-    (["run", "--dra", "--node-name", "n1", "--kubelet-dir", "var/lib/kubelet"],
-     "'var/lib/kubelet' is not an absolute path"),
-    (["run", "--dra", "--node-name", "n1", "--account-mib", "0"],
-     "'0' is not a size in MiB, 1..1024"),
-])
-def test_bad_dra_flags_exit_2_with_the_rule(capsys: pytest.CaptureFixture[str], args: list[str],
-                                            message: str) -> None:
-    with pytest.raises(SystemExit) as done:
-        main(args)
-    assert done.value.code == 2
-    assert message in capsys.readouterr().err
-
-
 def test_run_help_explains_the_dra_options(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["run", "--help"])
