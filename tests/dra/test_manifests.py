@@ -76,7 +76,8 @@ def test_an_overlay_with_the_component_builds_the_patched_agent_and_the_dra_obje
     built = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True,
                            text=True, check=True, timeout=120).stdout
     objects = [d for d in yaml.safe_load_all(built) if d]
-    [daemonset] = [o for o in objects if o["kind"] == "DaemonSet"]
+    [daemonset] = [o for o in objects
+                   if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "vcuda-node"]
     assert daemonset == {**_patched_daemonset(), "metadata": daemonset["metadata"]}
     kinds = {o["kind"] for o in objects}
     assert {"DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
