@@ -48,7 +48,8 @@ _RUN_EPILOG = """\
 metrics (http://ADDRESS:PORT/metrics), labels namespace, pod, container, node, gpu, uuid:
   vcuda_container_memory_limit_bytes, vcuda_container_memory_used_bytes,
   vcuda_container_core_limit_ratio, vcuda_container_core_used_ratio,
-  vcuda_container_processes; per GPU (node, gpu, uuid): vcuda_gpu_memory_total_bytes,
+  vcuda_container_processes, vcuda_container_memory_driver_bytes,
+  vcuda_container_unaccounted_processes; per GPU (node, gpu, uuid): vcuda_gpu_memory_total_bytes,
   vcuda_gpu_memory_used_bytes, vcuda_gpu_memory_limit_bytes, vcuda_gpu_core_used_ratio,
   vcuda_gpu_core_limit_ratio, vcuda_gpu_containers; vcuda_node_collect_errors_total.
 

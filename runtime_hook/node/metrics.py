@@ -20,8 +20,14 @@ GPU_LABELS = ("node", "gpu", "uuid")
 
 _CONTAINER = {
     "memory_limit_bytes": "GPU memory the container may use on this GPU.",
-    "memory_used_bytes": "GPU memory the container's processes hold on this GPU "
-    "(the shim's shared account).",
+    "memory_used_bytes": "GPU memory the container's processes hold on this GPU, as the "
+    "shim's shared account says (written inside the container: its own report).",
+    "memory_driver_bytes": "GPU memory the container's processes hold on this GPU, as the "
+    "driver accounts it per process (NVML; CUDA contexts included; beyond the container's "
+    "reach).",
+    "unaccounted_processes": "Processes of the container that hold memory on this GPU, "
+    "per the driver, with no slot in its account (they bypassed the shim, or the "
+    "account was rewritten).",
     "core_limit_ratio": "Share of this GPU's compute the container may use (vcuda-core / 100).",
     "core_used_ratio": "Share of this GPU's compute the container's processes use now "
     "(NVML per-process SM utilization, summed).",
@@ -65,6 +71,8 @@ def families(snapshot: Snapshot, node: str, errors: Counter[str]) -> list[Metric
             "core_limit_ratio": workload.cores / 100,
             "core_used_ratio": usage.core_used,
             "processes": usage.processes,
+            "memory_driver_bytes": usage.memory_driver,
+            "unaccounted_processes": usage.unaccounted,
         }
         for key, value in values.items():
             if value is not None:

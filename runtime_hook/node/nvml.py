@@ -1,4 +1,4 @@
-"""The node's GPUs through NVML (``pynvml``): which there are, their memory, who keeps them busy.
+"""The node's GPUs through NVML (``pynvml``): which there are, their memory, who uses them.
 
 NVML is started on first use and again after it failed (a driver that is
 being upgraded, a node without one), so the agent keeps running meanwhile.
@@ -94,6 +94,25 @@ class Nvml:
             if sample.timeStamp > latest.get(sample.pid, (-1, 0))[0]:
                 latest[sample.pid] = (sample.timeStamp, sample.smUtil)
         return {pid: util for pid, (_, util) in latest.items()}
+
+    def process_memory(self, index: int) -> dict[int, int]:
+        """GPU memory in bytes that each compute process holds on GPU ``index``, by host pid.
+
+        The driver's own accounting, which nothing in a container can change;
+        it counts each process's CUDA context too. Processes whose figure NVML
+        does not have (``usedGpuMemory`` None) count 0.
+        """
+        with self._lock:
+            lib = self._start()
+            try:
+                handle = lib.nvmlDeviceGetHandleByIndex(index)
+                running = lib.nvmlDeviceGetComputeRunningProcesses(handle)
+            except lib.NVMLError as exc:
+                raise NvmlError(f"NVML compute processes of GPU {index}: {exc}") from None
+        held: dict[int, int] = {}
+        for process in running:
+            held[process.pid] = held.get(process.pid, 0) + (process.usedGpuMemory or 0)
+        return held
 
     def close(self) -> None:
         """Stop NVML if it was started."""

@@ -2,15 +2,21 @@
 
 Memory use is read from the workload's shared account, counting only the
 slots of processes that still run (the shim frees a dead process's slot
-lazily). Compute use is NVML's per-process SM utilization summed over those
-same processes, whose account pids are turned into host pids through their
-pid namespace (:mod:`runtime_hook.node.processes`). Whatever cannot be read
+lazily). The account lives in a directory the container writes, so it is
+the container's own report: the driver's per-process accounting (NVML) of
+every process in the container's pid namespace is reported beside it, with
+the processes that hold GPU memory but no slot of the account (a process that
+bypassed the shim, or an account that was rewritten). Compute use is NVML's
+per-process SM utilization summed over the account's processes, whose pids are
+turned into host pids through their pid namespace
+(:mod:`runtime_hook.node.processes`). Whatever cannot be read
 is reported to :class:`~runtime_hook.node.logs.Problems` and left out; the
 rest of the picture stands.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from runtime_hook.node import account, processes, workloads
@@ -20,9 +26,11 @@ from runtime_hook.node.nvml import GpuState, Nvml, NvmlError
 
 class Usage(NamedTuple):
     """One workload on one GPU: ``index`` (None when NVML does not know the UUID), memory in
-    use in bytes, compute in use as a ratio of the GPU (None when NVML cannot tell), and how
-    many of its processes hold memory there. ``memory_used`` and ``processes`` are None when
-    its account cannot be read."""
+    use in bytes as its account says, compute in use as a ratio of the GPU (None when NVML
+    cannot tell), and how many of its processes hold memory there. ``memory_used`` and
+    ``processes`` are None when its account cannot be read. ``memory_driver`` is what the
+    driver says its processes hold there, ``unaccounted`` how many of those hold memory
+    with no slot in the account (both None when NVML cannot tell)."""
 
     workload: workloads.Workload
     uuid: str
@@ -30,6 +38,8 @@ class Usage(NamedTuple):
     memory_used: int | None
     core_used: float | None
     processes: int | None
+    memory_driver: int | None = None
+    unaccounted: int | None = None
 
 
 class Snapshot(NamedTuple):
@@ -60,22 +70,29 @@ class Observer:
     def snapshot(self) -> Snapshot:
         """Look at the node now."""
         problems = self.problems
-        utilization: _Utilization | None = _Utilization(self._nvml, problems)
+        utilization: _PerGpu | None = _PerGpu(
+            self._nvml.process_utilization, "utilization", problems
+        )
+        held: _PerGpu | None = _PerGpu(self._nvml.process_memory, "compute processes", problems)
         try:
             gpus = self._nvml.gpus(problems)
             self._indices = {gpu.uuid: gpu.index for gpu in gpus}
         except NvmlError as exc:
             problems.report("nvml", "NVML", str(exc))
-            gpus, utilization = [], None
+            gpus, utilization, held = [], None, None
         found = workloads.containers(self._host_root, self._state_dir, problems)
         found += workloads.commands(self._host_root, self._run_dirs, problems)
         namespaces = {w: processes.pid_namespace(w.pid) for w in found}
         by_namespace = processes.index(ns for ns in namespaces.values() if ns is not None)
+        host_namespace = processes.pid_namespace(1)
         usages = []
         for workload in found:
             namespace = namespaces[workload]
             live = by_namespace.get(namespace, {}) if namespace is not None else {}
-            usages += self._usages(workload, live, utilization)
+            # A container's every process is its own; in the host's namespace (a
+            # vcuda-run command), only the processes of its account are.
+            own = namespace is not None and namespace != host_namespace
+            usages += self._usages(workload, live, utilization, held if own else None)
         problems.cycle_done()
         return Snapshot(gpus, usages)
 
@@ -83,10 +100,11 @@ class Observer:
         self,
         workload: workloads.Workload,
         live: dict[int, processes.Process],
-        utilization: _Utilization | None,
+        utilization: _PerGpu | None,
+        held_by_pid: _PerGpu | None,
     ) -> list[Usage]:
         """``workload``'s use of each of its GPUs; ``live`` are its processes by account pid
-        (``utilization`` is None while NVML is away)."""
+        (``utilization`` is None while NVML is away; ``held_by_pid`` also for a command)."""
         try:
             held = account.read(workload.account) or account.Account((), ())
         except account.AccountError as exc:
@@ -104,6 +122,10 @@ class Observer:
             busy = utilization.of(index) if utilization and index is not None else None
             core_used = None if busy is None else sum(busy.get(p, 0) for p in host_pids) / 100
             on_it = held.devices.index(uuid) if uuid in held.devices else None
+            driver = held_by_pid.of(index) if held_by_pid and index is not None else None
+            mine = {} if driver is None else {
+                p.host_pid: driver[p.host_pid] for p in live.values() if p.host_pid in driver}
+            slotted = {live[s.pid].host_pid for s in slots if on_it is not None and s.used[on_it]}
             usages.append(
                 Usage(
                     workload=workload,
@@ -112,25 +134,30 @@ class Observer:
                     memory_used=used.get(uuid, 0),
                     core_used=core_used,
                     processes=0 if on_it is None else sum(1 for s in slots if s.used[on_it]),
+                    memory_driver=None if driver is None else sum(mine.values()),
+                    unaccounted=None if driver is None else len(
+                        [p for p, size in mine.items() if size and p not in slotted]),
                 )
             )
         return usages
 
 
-class _Utilization:
-    """Per-process utilization of each GPU, asked of NVML at most once per snapshot."""
+class _PerGpu:
+    """A per-process figure of each GPU (by host pid), asked of NVML at most once per snapshot."""
 
-    def __init__(self, nvml: Nvml, problems: Problems) -> None:
-        self._nvml = nvml
+    def __init__(self, query: Callable[[int], dict[int, int]], what: str,
+                 problems: Problems) -> None:
+        self._query = query
+        self._what = what
         self._problems = problems
         self._by_index: dict[int, dict[int, int] | None] = {}
 
     def of(self, index: int) -> dict[int, int] | None:
         if index not in self._by_index:
             try:
-                self._by_index[index] = self._nvml.process_utilization(index)
+                self._by_index[index] = self._query(index)
             except NvmlError as exc:
-                self._problems.report("nvml", f"GPU {index} utilization", str(exc))
+                self._problems.report("nvml", f"GPU {index} {self._what}", str(exc))
                 self._by_index[index] = None
         return self._by_index[index]
 

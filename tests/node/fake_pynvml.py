@@ -31,6 +31,7 @@ class FakeDevice:
     memory_used: int = 0
     utilization: int = 0
     busy: dict[int, int] = field(default_factory=dict)
+    held: dict[int, int] = field(default_factory=dict)  # host pid -> bytes of compute processes
     lost: bool = False
     has_utilization: bool = True
     sample_age: float = 0.1  # seconds between the latest sample and the query
@@ -119,6 +120,15 @@ class FakeNvml:
         if not samples:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
         return samples
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDevice) -> list:
+        device = self._device("nvmlDeviceGetComputeRunningProcesses", handle)
+        running = []
+        for pid, size in device.held.items():  # as the library converts its structures
+            process = pynvml.c_nvmlProcessInfo_t()
+            process.pid, process.usedGpuMemory = pid, size
+            running.append(pynvml.nvmlStructToFriendlyObject(process))
+        return running
 
     # --- rules ------------------------------------------------------------------------------
 

@@ -243,3 +243,23 @@ def test_a_failing_snapshot_still_gets_an_answer(agent: Agent,
     assert series["vcuda_node_collect_errors_total"] == {labels(source="agent"): 1}
     [failure] = [e for e in _events(capsys) if e["event"] == "snapshot_failed"]
     assert "NotADirectoryError" in failure["error"]
+
+
+def test_a_rewritten_account_does_not_hide_memory_from_the_driver_figures(
+    agent: Agent, devices: list[FakeDevice], container: PidNamespace
+) -> None:
+    account = _limited_container(agent, container)
+    child_1, child_2 = container.host_pids[1:]
+    # What the driver sees: both children hold memory (contexts included), and a host
+    # process with a container pid's number must not count.
+    devices[0].held = {child_1: GIB + 300 * MIB, child_2: 812 * MIB, container.ns_pids[1]: GIB}
+    honest = agent.scrape()
+    worker = _worker()
+    assert honest["vcuda_container_memory_driver_bytes"] == {worker: 2 * GIB + 88 * MIB}
+    assert honest["vcuda_container_unaccounted_processes"] == {worker: 0}
+    # Root in the container empties its account: its own report drops, the driver's does not.
+    write_account(account, [GPU0], [])
+    forged = agent.scrape()
+    assert forged["vcuda_container_memory_used_bytes"] == {worker: 0}
+    assert forged["vcuda_container_memory_driver_bytes"] == {worker: 2 * GIB + 88 * MIB}
+    assert forged["vcuda_container_unaccounted_processes"] == {worker: 2}
