@@ -534,12 +534,29 @@ static CUresult check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz
     return CUDA_SUCCESS;
 }
 
+/* The host's time in a launch call before its kernel reaches the device
+ * (VCUDA_FAKE_LAUNCH_NS, default 0): the driver's own work, a thread
+ * descheduled. */
+static void launch_call_time(void)
+{
+    static int64_t ns = -1;
+    if (ns < 0) {
+        const char *set = getenv("VCUDA_FAKE_LAUNCH_NS");
+        ns = set ? strtoll(set, NULL, 10) : 0;
+    }
+    for (int64_t until = now_ns() + ns; now_ns() < until;)
+        ;
+}
+
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                        unsigned by, unsigned bz, CUstream s, void **params, bool per_thread)
 {
     int64_t ns;
     CUresult r = check_launch(f, gx, gy, gz, bx, by, bz, params, &ns);
-    return r == CUDA_SUCCESS ? submit(s, per_thread, ns) : r;
+    if (r != CUDA_SUCCESS)
+        return r;
+    launch_call_time();
+    return submit(s, per_thread, ns);
 }
 
 static CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, void **params, bool per_thread)

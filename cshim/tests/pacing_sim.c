@@ -12,6 +12,11 @@
  *   idle PERCENT KERNEL_US IDLE_MS
  *       After IDLE_MS without launches, one program launches back to back:
  *       prints "share FIRST", its share in the first 2-second window.
+ *   gaps PERCENT KERNEL_US EVERY_US SECONDS
+ *       One program launches a kernel of KERNEL_US every EVERY_US (the device
+ *       idles between them: a launch-bound program), charged its kernel's
+ *       time. Prints "waited N share S": the launches that had to wait, and
+ *       the device's busy time over the whole run, in percent.
  *   debt PERCENT KERNEL_MS
  *       Prints "wait MS": how long the launch after one such kernel waits.
  *   estimate KERNEL_US NOISE_PCT STRETCHED_PCT STRETCH_US SAMPLES SEED
@@ -127,6 +132,23 @@ int main(int argc, char **argv)
         printf("share %.2f\n", max);
         return 0;
     }
+    if (!strcmp(what, "gaps") && argc == 6) {
+        int64_t kernel = atoll(argv[3]) * 1000, every = atoll(argv[4]) * 1000;
+        int64_t end = atoll(argv[5]) * 1000 * MS, busy_ns = 0, now = 0;
+        long waited = 0;
+        for (int64_t next = 0;; next += every) {
+            now = now > next ? now : next;
+            int64_t wait = vc_bucket_wait(&bucket, now);
+            waited += wait > 0;
+            if ((now += wait) >= end)
+                break;
+            vc_bucket_charge(&bucket, now, kernel, (unsigned)atoi(argv[2]));
+            busy_ns += kernel;   /* the device is idle when it comes: it runs at once */
+            now += LAUNCH_NS;
+        }
+        printf("waited %ld share %.2f\n", waited, 100.0 * (double)busy_ns / (double)end);
+        return 0;
+    }
     if (!strcmp(what, "debt") && argc == 4) {
         int64_t now = 1000 * 1000 * MS;
         bucket = now;
@@ -156,6 +178,6 @@ int main(int argc, char **argv)
         printf("estimate %lld mean %.0f\n", (long long)e.ns, nclean ? clean / nclean : 0.0);
         return 0;
     }
-    fprintf(stderr, "usage: pacing_sim share|idle|debt|estimate ... (see the source)\n");
+    fprintf(stderr, "usage: pacing_sim share|idle|gaps|debt|estimate ... (see the source)\n");
     return 2;
 }

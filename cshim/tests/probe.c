@@ -45,6 +45,10 @@
  *   glaunch, gupload  launch or upload graph N on the legacy stream and
  *             synchronize; gtrim trims the current device's graph memory;
  *             gmem prints its reservation (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT).
+ *   gaps      launches a spin kernel of NS every EVERY_US us on the default
+ *             stream for MS ms (a launch-bound program: the device idles
+ *             between its kernels); prints "gaps LAUNCHES SLOW": the launches
+ *             made, and how many of their calls took a millisecond or more.
  *   badlaunch makes N launches of a function that does not exist.
  *   threads   prints how many threads the process has.
  *   records   prints how many events the process recorded (test double only, else -).
@@ -654,6 +658,28 @@ static void load(const char *label, enum api_kind kind, uint64_t ns, CUgraphExec
             100.0 * (double)launches * (double)work_ns / (double)wall);
 }
 
+/* Launches a spin kernel of ns every every_ns for ms; prints what it made and how many
+ * launch calls were slow. */
+static void gaps(uint64_t ns, int64_t every_ns, int64_t ms)
+{
+    int64_t start = now_ns();
+    long launches = 0, slow = 0;
+    CUresult r = CUDA_SUCCESS;
+    for (int64_t next = start; r == CUDA_SUCCESS && next < start + ms * 1000000;
+         next = start + ++launches * every_ns) {
+        while (now_ns() < next)
+            ;   /* sleeping would oversleep the gap */
+        int64_t called = now_ns();
+        r = launch_spin(API_KERNEL, ns, NULL, NULL);
+        slow += now_ns() - called >= 1000000;
+    }
+    CUresult synced = api.CtxSynchronize();
+    if (r || synced)
+        out("gaps %s\n", name(r ? r : synced));
+    else
+        out("gaps %ld %ld\n", launches, slow);
+}
+
 /* A count the test double keeps (its function's name), as text; "-" on a real driver. */
 static const char *fake_count(const char *function, char text[32])
 {
@@ -988,6 +1014,10 @@ static int step(char **cmd, int left)
             r = api.LaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
         out("badlaunch %s\n", name(r));
         return 2;
+    }
+    if (!strcmp(c, "gaps")) {
+        gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3));
+        return 4;
     }
     if (!strcmp(c, "records")) {
         char counted[32];
