@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.contract import ACCOUNT_PATH, Gpu, Limits, render_limits
+from runtime_hook.contract import ACCOUNT_PATH, ASSIGNMENT_ANNOTATION, Gpu, Limits, render_limits
 from runtime_hook.device_assignment import device_plugin_spec
+from runtime_hook.placement import Assignment, encode_assignment
 from tests.cri.client import CriError, Pod
 from tests.cri.node import LIBRARY, ContainerdNode
 from tests.hook.bundles import limits_annotation
@@ -221,6 +222,28 @@ def test_a_limited_container_the_device_plugin_gave_no_gpu_is_refused(
     assert node.ledger() == []
     assert "no trusted list of this container's GPUs (" in line, line
     assert "fix: run NVIDIA's device plugin with deviceListStrategy volume-mounts" in line, line
+
+
+def _placed_pod(node: ContainerdNode, name: str, gpu: int) -> Pod:
+    """A pod with a 30% / 2 GiB ``worker`` that vcuda's scheduler bound to GPU ``gpu``."""
+    placed = Assignment((GPUS[gpu].uuid, 30, 2 * GIB), ())
+    return node.cri.run_pod(name, {**limits_annotation(worker=(30, 2 * GIB)),
+                                   ASSIGNMENT_ANNOTATION: encode_assignment(placed)})
+
+
+def test_the_gpu_chosen_at_bind_reaches_the_container_through_containerd(
+    node: ContainerdNode,
+) -> None:
+    worker = node.cri.run(_placed_pod(node, "placed", 1), "worker", SLEEP)
+    assert _read(node, worker, "/etc/vcuda/limits") == render_limits(
+        Limits(memory=2 * GIB, cores=30, devices=(GPUS[1].uuid,), account=ACCOUNT_PATH))
+    assert node.ledger() == [worker]
+
+
+def test_a_placement_the_device_plugin_contradicts_is_refused(node: ContainerdNode) -> None:
+    _, line = _refused(node, _placed_pod(node, "split", 1), **_on_gpu(0))
+    assert node.ledger() == []
+    assert GPUS[0].uuid in line and GPUS[1].uuid in line and "; fix: " in line, line
 
 
 def test_containerd_restarted_while_a_limited_container_runs_leaves_the_ledger_right(
