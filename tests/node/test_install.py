@@ -167,6 +167,20 @@ def test_a_containerd_2_node_gets_the_version_3_drop_in(node: Node, library: Pat
     assert "vcuda-node" not in node.path("/etc/containerd/config.toml").read_text()
 
 
+@pytest.mark.parametrize("systemd", [True, False])
+def test_the_handler_takes_the_cgroup_driver_of_the_nodes_default_runtime(
+    node: Node, library: Path, systemd: bool
+) -> None:
+    plugin = '[plugins."io.containerd.cri.v1.runtime".containerd'
+    node.write("/etc/containerd/config.toml", f'version = 3\n{plugin}]\n'
+               f'  default_runtime_name = "crun"\n{plugin}.runtimes.crun.options]\n'
+               f"  SystemdCgroup = {str(systemd).lower()}\n")
+    _ok(_install(node, library))
+    drop_in = tomllib.loads(node.path("/etc/containerd/conf.d/vcuda.toml").read_text())
+    vcuda = drop_in["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["vcuda"]
+    assert vcuda["options"]["SystemdCgroup"] is systemd
+
+
 def test_a_crio_node_gets_the_handler_and_the_hooks_d_files(tmp_path: Path, node: Node,
                                                            library: Path) -> None:
     crio = make_node(tmp_path / "crio")
