@@ -8,13 +8,13 @@ runtime (containerd, CRI-O, podman) reads the spec from its CDI directory
     /etc/vcuda             the claim's ledger record: its limits file (read-only)
     /etc/ld.so.preload     the library's line (read-only)
     /run/vcuda             the claim's account directory (read-write)
-    LD_PRELOAD             the library, for processes started where /etc was replaced
 
 Directories are mounted where the shim's paths allow, not single files: a
 mountpoint cannot be renamed, so root in the container cannot move
-``/etc/vcuda`` aside and leave the library without its limits. (Renaming
-``/etc`` itself stays possible; the environment variable keeps the library
-loaded in processes started as usual then.)
+``/etc/vcuda`` aside and leave the library without its limits. Unlike the
+hook, a CDI spec cannot make the image's own ``/etc`` a mount point: root in
+the container can still rename ``/etc`` and start processes without the
+preload list (docs/DRA.md, "Limits of the DRA path").
 
 The GPU itself comes from NVIDIA's CDI spec (``nvidia-ctk cdi generate``),
 whose device ``nvidia.com/gpu=<uuid>`` Prepare names beside this one.
@@ -82,11 +82,10 @@ def spec(claim_uid: str, record: str, library: str) -> dict[str, Any]:
         "kind": KIND,
         "devices": [{
             "name": claim_uid,
-            "containerEdits": {
-                "env": [f"LD_PRELOAD={inject.LIBRARY_PATH}"],
-                "mounts": [{"hostPath": host, "containerPath": target, "options": options}
-                           for host, target, options in mounts],
-            },
+            "containerEdits": {"mounts": [
+                {"hostPath": host, "containerPath": target, "options": options}
+                for host, target, options in mounts
+            ]},
         }],
     }
 
