@@ -107,6 +107,19 @@ def test_publishing_repairs_a_slice_someone_else_changed(
     assert dra_api.get(path)["spec"]["devices"][0]["capacity"]["cores"]["value"] == "100"
 
 
+def test_fields_the_api_server_adds_are_no_reason_to_write_again(
+        dra_api: FakeDraApi, tmp_path: Path) -> None:
+    api = _api(dra_api, tmp_path)
+    publish(api, NODE, [H100], 1.0)
+    path = slice_path(slice_name(NODE))
+    stored = copy.deepcopy(dra_api.get(path))
+    stored["spec"]["devices"][0]["bindsToNode"] = False  # as a defaulting server might
+    stored["metadata"]["labels"]["extra"] = "kept"
+    dra_api.put(path, stored)
+    assert publish(api, NODE, [H100], 1.0) is None
+    assert dra_api.get(path)["spec"]["pool"]["generation"] == 1
+
+
 def test_the_policy_refuses_a_slice_for_another_node(
         dra_api: FakeDraApi, tmp_path: Path) -> None:
     dra_api.node_name = "gpu-node-2"  # the agent's token is bound to another node

@@ -91,11 +91,13 @@ class Preparer:
         found = shares(claim, self._pool, offered)
         if not found:
             return []
-        self._commit(uid, claim, found, inventory)
         limited = not found[0].whole
-        if limited:
-            record = StateDir(self._paths.state_dir).container_dir(RECORD_PREFIX + uid)
-            cdi.write(self._spec_path(uid), cdi.spec(uid, record, self._paths.library))
+        # Under the ledger's lock: an unprepare of the same claim sees both or neither.
+        with self._state.locked(LOCK_TIMEOUT):
+            self._commit(uid, claim, found, inventory)
+            if limited:
+                record = StateDir(self._paths.state_dir).container_dir(RECORD_PREFIX + uid)
+                cdi.write(self._spec_path(uid), cdi.spec(uid, record, self._paths.library))
         prepared = []
         for number, share in enumerate(found):
             ids = [cdi.gpu_id(share.uuid, self._gpu_kind)]
@@ -107,15 +109,16 @@ class Preparer:
     def unprepare(self, uid: str) -> None:
         """Undo :meth:`prepare` of claim ``uid``; nothing to undo is success too."""
         _check_uid(uid)
-        cdi.remove(self._spec_path(uid))
         with self._state.locked(LOCK_TIMEOUT):
+            cdi.remove(self._spec_path(uid))
             self._state.release(RECORD_PREFIX + uid)
 
     # --- the ledger -------------------------------------------------------------------------
 
     def _commit(self, uid: str, claim: Mapping[str, Any], found: list[Share],
                 inventory: Mapping[str, contract.Gpu]) -> None:
-        """Make the claim's ledger record complete: found as it is, or committed now."""
+        """Make the claim's ledger record complete: found as it is, or committed now (hold
+        the lock)."""
         first = found[0]
         entry = ledger.Entry(
             container_id=RECORD_PREFIX + uid,
@@ -129,28 +132,27 @@ class Preparer:
             devices=tuple(s.uuid for s in found),
         )
         record = self._state.container_dir(entry.container_id)
-        with self._state.locked(LOCK_TIMEOUT):
-            existing = next((e for e in ledger.entries(self._state)
-                             if e.container_id == entry.container_id), None)
-            if existing is not None and os.path.ismount(os.path.join(record, ACCOUNT_DIR)):
-                if existing != entry:
-                    raise PrepareError(f"claim {claim_name(claim)} was prepared here with "
-                                       f"another allocation ({existing.devices})",
-                                       "delete the pod and its claim")
-                return  # prepared before: kubelet asks again after a restart
-            self._state.release(entry.container_id)  # half-built by a prepare that crashed
-            self._state.release_gone()
-            committed = ledger.committed(ledger.entries(self._state))
-            request = Request(container=entry.container, cores=entry.cores, memory=entry.memory)
-            reason = overcommit(request, entry.devices, committed, inventory, self._scaling)
-            if reason:
-                raise PrepareError(f"claim {claim_name(claim)}: {reason}", _FIX_OVERCOMMIT)
-            ledger.commit(self._state, entry)
-            try:
-                self._fill(record, entry)
-            except BaseException:
-                self._state.release(entry.container_id)
-                raise
+        existing = next((e for e in ledger.entries(self._state)
+                         if e.container_id == entry.container_id), None)
+        if existing is not None and os.path.ismount(os.path.join(record, ACCOUNT_DIR)):
+            if existing != entry:
+                raise PrepareError(f"claim {claim_name(claim)} was prepared here with "
+                                   f"another allocation ({existing.devices})",
+                                   "delete the pod and its claim")
+            return  # prepared before: kubelet asks again after a restart
+        self._state.release(entry.container_id)  # half-built by a prepare that crashed
+        self._state.release_gone()
+        committed = ledger.committed(ledger.entries(self._state))
+        request = Request(container=entry.container, cores=entry.cores, memory=entry.memory)
+        reason = overcommit(request, entry.devices, committed, inventory, self._scaling)
+        if reason:
+            raise PrepareError(f"claim {claim_name(claim)}: {reason}", _FIX_OVERCOMMIT)
+        ledger.commit(self._state, entry)
+        try:
+            self._fill(record, entry)
+        except BaseException:
+            self._state.release(entry.container_id)
+            raise
 
     def _fill(self, record: str, entry: ledger.Entry) -> None:
         limits = contract.Limits(memory=entry.memory, cores=entry.cores, devices=entry.devices,

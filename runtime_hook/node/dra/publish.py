@@ -30,6 +30,17 @@ def publish(api: DraApi, node: str, gpus: Iterable[GpuModel], scaling: float) ->
 
 
 def _same(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    labels = (current["metadata"].get("labels") or {})
-    return current["spec"] == wanted["spec"] and all(
-        labels.get(k) == v for k, v in wanted["metadata"]["labels"].items())
+    """Whether ``current`` holds all of ``wanted``'s labels and spec; fields the API server
+    added (defaults) do not count as a change."""
+    return _holds(current["metadata"].get("labels") or {}, wanted["metadata"]["labels"]) \
+        and _holds(current["spec"], wanted["spec"])
+
+
+def _holds(current: Any, wanted: Any) -> bool:
+    if isinstance(wanted, dict):
+        return isinstance(current, dict) and all(
+            key in current and _holds(current[key], value) for key, value in wanted.items())
+    if isinstance(wanted, list):
+        return isinstance(current, list) and len(current) == len(wanted) and all(
+            _holds(c, w) for c, w in zip(current, wanted))
+    return bool(current == wanted)
