@@ -5,8 +5,9 @@ router or middleware, and that layer is a measurable part of each request's cost
 
 Whoever can open a connection to the port must not be able to take the
 process down, so the server holds each client to :class:`Guards`: a cap on
-open connections, on the bytes of request bodies held at once (all
-connections together), a deadline for the TLS handshake, for a request's head
+open connections (counted from accept, TLS handshakes included), on the
+bytes of request bodies held at once (all connections together), a deadline
+for the TLS handshake, for a request's head
 (from connecting, or from the last answer on a kept-alive connection) and for
 its body. A body is read only through :meth:`Serving.read_body`, which keeps
 that count, refuses compressed bodies (nothing is inflated) and answers a
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+from asyncio import sslproto
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from time import monotonic
@@ -48,7 +50,8 @@ class Guards:
     """What one client may hold of the server.
 
     Attributes:
-        max_connections: open connections (past it, a new one is closed at once).
+        max_connections: open connections, from accept on (past it, a new one is closed
+            at once).
         max_buffered: bytes of request bodies held at once over all connections
             (a body counts twice: its chunks and the joined copy).
         handshake_timeout: seconds for a TLS handshake.
@@ -77,22 +80,15 @@ class BodyRefused(WebhookError):
 
 
 class _GuardedServer(web.Server):
-    """aiohttp's server, closing connections over the cap and noting when each went idle."""
+    """aiohttp's server, noting when each connection went idle."""
 
-    def __init__(self, dispatch: Dispatch, guards: Guards, closed: dict[str, int],
-                 **kwargs: Any) -> None:
+    def __init__(self, dispatch: Dispatch, **kwargs: Any) -> None:
         super().__init__(dispatch, **kwargs)
-        self._guards = guards
-        self._closed = closed
         # When each connection last had no request in hand; None while one is handled.
         self.idle_since: dict[RequestHandler, float | None] = {}
 
     def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
-        if len(self.idle_since) >= self._guards.max_connections:
-            self._closed["connection_limit"] += 1
-            transport.abort()
-            return
         self.idle_since[handler] = monotonic()
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
@@ -100,21 +96,57 @@ class _GuardedServer(web.Server):
         super().connection_lost(handler, exc)
 
 
+class _Refuse(asyncio.Protocol):
+    """A connection over the cap: closed as soon as it is accepted."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()  # type: ignore[attr-defined]
+
+
+class _Tls(sslproto.SSLProtocol):
+    """asyncio's TLS layer, counted from accept (handshakes too) until the socket closes."""
+
+    # asyncio gives each connection a read buffer of 256 KiB from its accept on:
+    # that, not the requests, was most of the memory of many idle connections.
+    max_size = 32 << 10
+
+    def __init__(self, opened: list[int], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._opened = opened
+        opened[0] += 1
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._opened[0] -= 1
+        super().connection_lost(exc)
+
+
 class _Site(web.TCPSite):
-    """A TCP site whose TLS handshakes have a deadline (asyncio's default is 60 s)."""
+    """A TCP site that caps accepted connections and gives TLS handshakes a deadline."""
 
     def __init__(self, runner: web.ServerRunner, host: str | None, port: int,
-                 context: Any, handshake_timeout: float) -> None:
-        super().__init__(runner, host, port, ssl_context=context)
-        self._handshake_timeout = handshake_timeout
+                 context: Any, guards: Guards, closed: dict[str, int]) -> None:
+        super().__init__(runner, host, port)
+        self._context = context
+        self._guards = guards
+        self._closed = closed
+        self._opened = [0]  # TLS connections accepted and not yet closed
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
-        server = self._runner.server
-        assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
-            server, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
-            ssl_handshake_timeout=self._handshake_timeout if self._ssl_context else None)
+            self._accept, self._host, self._port, backlog=self._backlog)
+
+    def _accept(self) -> asyncio.BaseProtocol:
+        server = self._runner.server
+        assert isinstance(server, _GuardedServer)
+        opened = self._opened[0] if self._context else len(server.idle_since)
+        if opened >= self._guards.max_connections:
+            self._closed["connection_limit"] += 1
+            return _Refuse()
+        if self._context is None:
+            return server()
+        return _Tls(self._opened, asyncio.get_running_loop(), server(), self._context, None,
+                    server_side=True, ssl_handshake_timeout=self._guards.handshake_timeout)
 
 
 class Serving:
@@ -163,14 +195,14 @@ class Serving:
                                    client_max_size=max_body)
 
         self._server = _GuardedServer(
-            self._guarded, self._guards, self.closed, request_factory=make_request,
+            self._guarded, request_factory=make_request,
             access_log=None, auto_decompress=False, max_headers=32, lingering_time=1.0,
             # A backstop: the head deadline closes idle connections first, and counts them.
             keepalive_timeout=2 * self._guards.head_timeout + 1)
         self._runner = web.ServerRunner(self._server, shutdown_timeout=10)
         await self._runner.setup()
         context = self._certificates.context if self._certificates else None
-        await _Site(self._runner, host, port, context, self._guards.handshake_timeout).start()
+        await _Site(self._runner, host, port, context, self._guards, self.closed).start()
         self._tasks.append(loop.create_task(self._close_slow_heads()))
         if self._certificates is not None:
             self._tasks.append(loop.create_task(self._certificates.watch(self._reload_interval)))
