@@ -50,8 +50,11 @@ class Placement:
     """Keeps one node's part of placement in step; call :meth:`once` every interval."""
 
     def __init__(self, status: NodeStatus, paths: Paths, core_keys: tuple[str, ...],
-                 log: logging.Logger, clock: Callable[[], float] = time.time) -> None:
+                 log: logging.Logger, clock: Callable[[], float] = time.time,
+                 ledger_grace: float = LEDGER_GRACE) -> None:
+        """``ledger_grace``: seconds a ledger line may wait for its pod's Binding."""
         self._status = status
+        self._ledger_grace = ledger_grace
         self._paths = paths
         self._core_keys = core_keys
         self._log = log
@@ -139,7 +142,7 @@ class Placement:
         now = self._clock()
         gone = [uid for uid, entry in ledger.items()
                 if (uid in pods and (pods[uid].get("status") or {}).get("phase") in _ENDED)
-                or (uid not in pods and now - entry.at > LEDGER_GRACE)]
+                or (uid not in pods and now - entry.at > self._ledger_grace)]
         if not gone:
             return
         kept = {uid: entry for uid, entry in ledger.items() if uid not in gone}

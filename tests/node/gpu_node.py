@@ -21,10 +21,11 @@ class GpuNode:
 
     def __init__(self, api: FakeClusterApi, root: Path, name: str, memories: list[int],
                  kubeconfig: str, log: logging.Logger,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, ledger_grace: float = 60.0) -> None:
         self.name = name
         self.gpus = [Gpu(gpu_uuid(name, i), i, memory) for i, memory in enumerate(memories)]
         self._kubeconfig, self._log, self._clock = kubeconfig, log, clock
+        self._ledger_grace = ledger_grace
         api.put(f"/api/v1/nodes/{name}", {"apiVersion": "v1", "kind": "Node",
                                           "metadata": {"name": name}, "spec": {},
                                           "status": {}})
@@ -38,7 +39,7 @@ class GpuNode:
 
     def _new_agent(self) -> Placement:
         return Placement(NodeStatus(self.name, self._kubeconfig), self.paths, CORE_KEYS,
-                         self._log, self._clock)
+                         self._log, self._clock, self._ledger_grace)
 
     def agent_pass(self) -> None:
         """One pass of the node agent's loop (it runs every --interval)."""

@@ -1,0 +1,403 @@
+"""A simulated GPU cluster driven through the real interfaces of per-GPU placement.
+
+- The API: one fake API server (TLS, resourceVersions, conditional writes, Bindings).
+- The scheduler: a driver that does what kube-scheduler does with an extender configured
+  ``nodeCacheCapable: false``: one scheduling cycle at a time, ExtenderArgs with the nodes of
+  its cache (refreshed from the API as an informer would), ``/filter`` then ``/prioritize``
+  over HTTP, the best score wins, and ``/bind`` (ExtenderBindingArgs) runs asynchronously as
+  the binding cycle does; a failed bind sends the pod back to the queue. Calls alternate
+  between two extender replicas, each its own ``vcuda-scheduler-extender`` server.
+- The nodes: each one runs the node agent's placement part and a fake kubelet that drives
+  vcuda's device plugin over its gRPC sockets (Allocate, PreStartContainer, pod resources,
+  CDI resolution) for every container that asks for vcuda's resources.
+
+Pods come in bursts, run, and are deleted; an extender replica and some node agents are
+restarted mid-run. :func:`run` returns a :class:`Report` of what the issue asks to see.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import tempfile
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from extender.policy import Demand, NodeGpus, Unfit, node_gpus, place, pod_demand
+from runtime_hook.contract import ASSIGNMENT_ANNOTATION, CORES_PER_GPU
+from runtime_hook.placement import Assignment, decode_assignment
+from tests.extender.cluster import CORE_KEYS, GIB, RunningExtender, binding_args, pod_object
+from tests.fake_cluster_api import FakeClusterApi, running
+from tests.node.fake_kubelet import StartError
+from tests.node.gpu_node import GpuNode
+
+MAX_AGE = 3600.0  # the agents publish every pass; staleness is tested elsewhere
+
+
+@dataclass
+class Scenario:
+    """The size of the cluster and of the workload."""
+
+    nodes: int = 4
+    gpus_per_node: int = 4
+    gpu_sizes: tuple[int, int] = (24 * GIB, 80 * GIB)  # half the nodes of each
+    pods: int = 200  # creates in all
+    burst: int = 40  # pods created at once
+    strategy: str = "binpack"
+    whole_share: float = 0.1  # of pods that ask for whole GPUs
+    seed: int = 1
+    agent_every: float = 0.5  # seconds between node agent passes
+    restart_extender_at: float = 0.4  # of the creates made, an extender replica restarts
+    restart_agents_at: float = 0.6  # ... and a tenth of the node agents restart
+
+
+@dataclass
+class Report:
+    """What the run showed."""
+
+    created: int = 0
+    started: int = 0
+    deleted: int = 0
+    refused_at_start: list[str] = field(default_factory=list)
+    wrong_gpu: list[str] = field(default_factory=list)
+    over_committed: list[str] = field(default_factory=list)
+    shared_and_whole: list[str] = field(default_factory=list)
+    unschedulable_but_fit: list[str] = field(default_factory=list)
+    never_placed: int = 0
+    bind_failures: int = 0
+    bind_errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    placing_seconds: float = 0.0  # time the queue held pods that some node could take
+    largest_free_gib: float = 0.0  # mean over nodes of the largest free block, at the end
+    idle_gpus: int = 0  # GPUs with nothing on them, at the end
+
+    def rate(self) -> float:
+        return self.started / self.placing_seconds if self.placing_seconds else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"created": self.created, "started": self.started, "deleted": self.deleted,
+                "refused_at_start": len(self.refused_at_start),
+                "wrong_gpu": len(self.wrong_gpu),
+                "over_committed_gpus": len(self.over_committed),
+                "gpus_shared_and_whole": len(self.shared_and_whole),
+                "unschedulable_although_a_gpu_could_hold_them":
+                    len(self.unschedulable_but_fit),
+                "never_placed": self.never_placed, "bind_failures": self.bind_failures,
+                "seconds": round(self.seconds, 1), "pods_per_second": round(self.rate(), 1),
+                "mean_largest_free_block_gib": round(self.largest_free_gib, 2),
+                "idle_gpus": self.idle_gpus}
+
+
+class _Running:
+    """A started pod: its object, node and assignment, and the GPUs its containers got."""
+
+    __slots__ = ("assignment", "node", "pod")
+
+    def __init__(self, pod: dict[str, Any], node: str, assignment: Assignment) -> None:
+        self.pod, self.node, self.assignment = pod, node, assignment
+
+
+class Simulation:
+    """One run of a :class:`Scenario` in ``root``."""
+
+    def __init__(self, scenario: Scenario, api: FakeClusterApi, root: Path) -> None:
+        self.s = scenario
+        self.api = api
+        self.root = root
+        self.report = Report()
+        self._random = random.Random(scenario.seed)
+        self._log = logging.getLogger("placement-sim")
+        kubeconfig = root / "kubeconfig"
+        kubeconfig.write_text(api.kubeconfig())
+        self.nodes = {}
+        for index in range(scenario.nodes):
+            name = f"gpu-{index:03d}"
+            size = scenario.gpu_sizes[index % 2]
+            self.nodes[name] = GpuNode(api, root / name, name, [size] * scenario.gpus_per_node,
+                                       str(kubeconfig), self._log, ledger_grace=2.0)
+        for node in self.nodes.values():
+            node.ready()
+        self.extenders = [self._extender(i) for i in range(2)]
+        self._turn = 0
+        self._lock = threading.Lock()
+        self._queue: deque[dict[str, Any]] = deque()
+        self._unschedulable: list[dict[str, Any]] = []
+        self._running: dict[str, _Running] = {}
+        self._in_flight = 0
+        self._node_json: list[bytes] = []
+        self._node_json_at = 0.0
+        self._stop = threading.Event()
+
+    def _extender(self, index: int) -> RunningExtender:
+        return RunningExtender(self.api, self.root / f"extender-{index}.log",
+                               strategy=self.s.strategy, max_age=MAX_AGE, clock=time.time)
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def run(self) -> Report:
+        agents = threading.Thread(target=self._agents, daemon=True)
+        agents.start()
+        binds = ThreadPoolExecutor(max_workers=16)
+        started = time.monotonic()
+        restarted_extender = restarted_agents = False
+        try:
+            while self.report.created < self.s.pods:
+                burst = min(self.s.burst, self.s.pods - self.report.created)
+                for _ in range(burst):
+                    self._create()
+                self._schedule_until_settled(binds)
+                done = self.report.created / self.s.pods
+                if not restarted_extender and done >= self.s.restart_extender_at:
+                    self._restart_extender(0)
+                    restarted_extender = True
+                if not restarted_agents and done >= self.s.restart_agents_at:
+                    for node in list(self.nodes.values())[::10]:
+                        node.restart_agent()
+                    restarted_agents = True
+                self.check()
+                self._delete_some()
+            self._schedule_until_settled(binds)
+            self.check()
+        finally:
+            self._stop.set()
+            binds.shutdown(wait=True)
+            agents.join()
+        self.report.seconds = time.monotonic() - started
+        self._final_checks()
+        return self.report
+
+    def close(self) -> None:
+        for extender in self.extenders:
+            extender.stop()
+        for node in self.nodes.values():
+            node.stop()
+
+    def _agents(self) -> None:
+        while not self._stop.wait(self.s.agent_every):
+            for node in self.nodes.values():
+                node.agent_pass()
+
+    def _restart_extender(self, index: int) -> None:
+        self.extenders[index].stop()
+        self.extenders[index] = self._extender(index)
+
+    # --- pods -------------------------------------------------------------------------------
+
+    def _create(self) -> None:
+        n = self.report.created
+        self.report.created += 1
+        r = self._random
+        name = f"pod-{n:05d}"
+        if r.random() < self.s.whole_share:
+            pod = pod_object(name, whole=r.choice((1, 1, 2, 4)))
+        else:
+            cores = r.choice((10, 20, 25, 30, 50))
+            memory = r.choice((1, 2, 4, 8, 10, 16, 20, 40))
+            pod = pod_object(name, cores=cores, memory_gib=memory,
+                             whole=1 if r.random() < 0.02 else 0)
+        self.api.add_pod(pod)
+        self._queue.append(pod)
+
+    def _delete_some(self) -> None:
+        with self._lock:
+            uids = list(self._running)
+        victims = self._random.sample(uids, k=min(len(uids), int(self.s.burst * 0.9)))
+        for uid in victims:
+            with self._lock:
+                gone = self._running.pop(uid)
+            metadata = gone.pod["metadata"]
+            self.api.objects.pop(f"/api/v1/namespaces/{metadata['namespace']}/pods/"
+                                 f"{metadata['name']}", None)
+            self.nodes[gone.node].kubelet.remove(metadata["namespace"], metadata["name"])
+            self.report.deleted += 1
+        with self._lock:  # room came back: the scheduler tries its unschedulable pods again
+            self._queue.extend(self._unschedulable)
+            self._unschedulable.clear()
+
+    # --- the scheduler ----------------------------------------------------------------------
+
+    def _schedule_until_settled(self, binds: ThreadPoolExecutor) -> None:
+        """Schedule until the queue is empty and no bind is in flight; pods left unschedulable
+        get two more tries, one agent pass apart (pruned ledgers may have freed room)."""
+        idle_rounds = 0
+        while True:
+            began, before = time.monotonic(), self.report.started
+            self._drain(binds)
+            self.report.placing_seconds += time.monotonic() - began
+            with self._lock:
+                waiting = bool(self._unschedulable)
+            if not waiting:
+                return
+            idle_rounds = 0 if self.report.started > before else idle_rounds + 1
+            if idle_rounds > 2:
+                return
+            time.sleep(self.s.agent_every)
+            with self._lock:
+                self._queue.extend(self._unschedulable)
+                self._unschedulable.clear()
+
+    def _drain(self, binds: ThreadPoolExecutor) -> None:
+        while True:
+            with self._lock:
+                pod = self._queue.popleft() if self._queue else None
+                in_flight = self._in_flight
+            if pod is not None:
+                self._cycle(pod, binds)
+            elif in_flight:
+                time.sleep(0.002)
+            else:
+                return
+
+    def _cycle(self, pod: dict[str, Any], binds: ThreadPoolExecutor) -> None:
+        extender = self.extenders[self._turn % 2]
+        self._turn += 1
+        args = self._args(pod)
+        result = extender.verb("/filter", args)
+        kept = result["nodes"]["items"]
+        if not kept:
+            with self._lock:
+                self._unschedulable.append(pod)
+            return
+        names = [n["metadata"]["name"] for n in kept]
+        nodes_json = b",".join(json.dumps(n).encode() for n in kept)
+        scores = extender.verb("/prioritize", _envelope(pod, nodes_json))
+        best = max(s["score"] for s in scores)
+        choice = self._random.choice([s["host"] for s in scores if s["score"] == best])
+        assert choice in names
+        with self._lock:
+            self._in_flight += 1
+        binds.submit(self._bind, pod, choice, self.extenders[self._turn % 2])
+
+    def _args(self, pod: dict[str, Any]) -> bytes:
+        now = time.monotonic()
+        if now - self._node_json_at > 0.02:  # the scheduler's informer cache, a little behind
+            with self.api.lock:
+                self._node_json = [json.dumps(self.api.objects[f"/api/v1/nodes/{name}"])
+                                   .encode() for name in self.nodes]
+            self._node_json_at = now
+        return _envelope(pod, b",".join(self._node_json))
+
+    def _bind(self, pod: dict[str, Any], node: str, extender: RunningExtender) -> None:
+        try:
+            answer = extender.verb("/bind", binding_args(pod, node))
+            if answer.get("error"):
+                with self._lock:
+                    self.report.bind_failures += 1
+                    self.report.bind_errors.append(answer["error"])
+                    self._queue.append(pod)
+                return
+            self._start(pod, node)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    # --- the node ---------------------------------------------------------------------------
+
+    def _start(self, pod: dict[str, Any], node: str) -> None:
+        metadata = pod["metadata"]
+        stored = self.api.get(f"/api/v1/namespaces/{metadata['namespace']}/pods/"
+                              f"{metadata['name']}")
+        assignment = decode_assignment(stored["metadata"]["annotations"][ASSIGNMENT_ANNOTATION])
+        kubelet = self.nodes[node].kubelet
+        who = f"{metadata['name']} on {node}"
+        try:
+            kubelet.admit(stored)
+            for container in stored["spec"]["containers"]:
+                got = kubelet.start_container(metadata["namespace"], metadata["name"],
+                                              container["name"])
+                wanted = _wanted(container["name"], assignment)
+                if wanted is not None and sorted(got) != sorted(wanted):
+                    self.report.wrong_gpu.append(f"{who}/{container['name']}: got {got}, "
+                                                 f"bound to {wanted}")
+        except StartError as exc:
+            self.report.refused_at_start.append(f"{who}: {exc}")
+            return
+        with self._lock:
+            self._running[metadata["uid"]] = _Running(stored, node, assignment)
+            self.report.started += 1
+
+    # --- checks -----------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """What the running containers hold: no GPU over-committed, none shared and whole."""
+        with self._lock:
+            running = list(self._running.values())
+        use: dict[str, list[int]] = {}
+        whole: dict[str, int] = {}
+        size = {gpu.uuid: gpu.memory for node in self.nodes.values() for gpu in node.gpus}
+        for item in running:
+            if item.assignment.shared:
+                uuid, cores, memory = item.assignment.shared
+                totals = use.setdefault(uuid, [0, 0])
+                totals[0] += cores
+                totals[1] += memory
+            for uuid in item.assignment.whole:
+                whole[uuid] = whole.get(uuid, 0) + 1
+        for uuid, (cores, memory) in use.items():
+            if cores > CORES_PER_GPU or memory > size[uuid]:
+                self.report.over_committed.append(f"{uuid}: {cores}% and {memory} bytes")
+            if uuid in whole:
+                self.report.shared_and_whole.append(uuid)
+        self.report.over_committed += [f"{u} given whole {n} times" for u, n in whole.items()
+                                       if n > 1]
+
+    def _final_checks(self) -> None:
+        views = self._views()
+        self.report.never_placed = len(self._queue) + len(self._unschedulable)
+        for pod in list(self._queue) + self._unschedulable:
+            demand = pod_demand(pod, CORE_KEYS)
+            if any(_fits(view, demand) for view in views):
+                self.report.unschedulable_but_fit.append(pod["metadata"]["name"])
+        blocks = [view.largest_free_block() for view in views]
+        self.report.largest_free_gib = sum(blocks) / len(blocks) / GIB if blocks else 0.0
+        self.report.idle_gpus = sum(1 for view in views for gpu in view.gpus if gpu.idle)
+
+    def _views(self) -> list[NodeGpus]:
+        for node in self.nodes.values():
+            node.agent_pass()  # prune the lines of pods deleted last
+        time.sleep(2.1)  # the ledger's grace for lines without a pod
+        views = []
+        for name, node in self.nodes.items():
+            node.agent_pass()
+            stored = self.api.get(f"/api/v1/nodes/{name}")
+            views.append(node_gpus(name, stored["metadata"].get("annotations"), time.time(),
+                                   MAX_AGE))
+        return views
+
+
+def _envelope(pod: dict[str, Any], nodes_json: bytes) -> bytes:
+    return b'{"pod":' + json.dumps(pod).encode() + b',"nodes":{"items":[' + nodes_json + b"]}}"
+
+
+def _wanted(container: str, assignment: Assignment) -> list[str] | None:
+    if container == "share":
+        return [assignment.shared[0]] if assignment.shared else []
+    if container == "whole":
+        return list(assignment.whole)
+    return None
+
+
+def _fits(view: NodeGpus, demand: Demand) -> bool:
+    try:
+        place(view, demand)
+    except Unfit:
+        return False
+    return True
+
+
+def run(scenario: Scenario) -> Report:
+    """Run ``scenario`` in a scratch folder and return its report."""
+    with tempfile.TemporaryDirectory(prefix="vcuda-placement-sim-") as scratch:
+        root = Path(scratch)
+        with running(root) as api:
+            simulation = Simulation(scenario, api, root)
+            try:
+                return simulation.run()
+            finally:
+                simulation.close()
