@@ -51,7 +51,9 @@ class Credentials:
         context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
         if configuration.cert_file:
             context.load_cert_chain(configuration.cert_file, configuration.key_file)
-        token = (configuration.api_key or {}).get("authorization", "").removeprefix("Bearer ")
+        keys = configuration.api_key or {}  # the key's name differs between client versions
+        token = (keys.get("BearerToken") or keys.get("authorization") or "").removeprefix(
+            "Bearer ")
         token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token" if in_cluster else None
         return cls(configuration.host, context, token or None, token_file)
 

@@ -11,6 +11,7 @@ other way round.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from runtime_hook.contract import (
@@ -20,7 +21,13 @@ from runtime_hook.contract import (
     WHOLE_RESOURCE,
     Gpu,
 )
-from runtime_hook.placement import Assignment, PlacementError, decode_inventory, decode_ledger
+from runtime_hook.placement import (
+    Assignment,
+    Inventory,
+    PlacementError,
+    decode_inventory,
+    decode_ledger,
+)
 from webhook.policy import LIMITS_ANNOTATION
 
 STRATEGIES = ("binpack", "spread")
@@ -212,42 +219,59 @@ def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_
         raise Unfit("no vcuda GPU inventory: the vcuda node agent does not run on this node",
                     final=True)
     try:
-        inventory = decode_inventory(raw)
-        ledger = decode_ledger(annotations.get(LEDGER_ANNOTATION))
+        inventory, totals, counted = _parsed(raw, annotations.get(LEDGER_ANNOTATION))
     except PlacementError as exc:
         raise Unfit(f"{exc}: check the vcuda node agent of this node", final=True) from None
     age = now - inventory.heartbeat
     if age > max_age:
         raise Unfit(f"the vcuda node agent last published this node's GPUs {age:.0f} s ago "
                     f"(limit {max_age:.0f} s): check its vcuda-node pod", final=True)
-    gpus = {gpu.uuid: GpuUse(gpu) for gpu in inventory.gpus}
-    assigned = {ignore}
-    for uid, entry in ledger.items():
-        if uid == ignore:
-            continue
-        _count(gpus, entry.assignment)
-        assigned.add(uid)
+    gpus = {}
+    for gpu in inventory.gpus:
+        use = gpus[gpu.uuid] = GpuUse(gpu)
+        use.cores, use.memory, use.whole, use.pods = totals.get(gpu.uuid, (0, 0, False, 0))
+    assigned = set(counted)
+    if ignore in counted:  # a failed bind left the pod's own line: do not count it
+        _count(gpus, counted[ignore], -1)
     for uid, assignment in pending:
-        if uid not in assigned:
+        if uid not in assigned and uid != ignore:
             _count(gpus, assignment)
             assigned.add(uid)
     assigned.discard(ignore)
     return NodeGpus(name, sorted(gpus.values(), key=lambda g: g.gpu.index), assigned)
 
 
-def _count(gpus: Mapping[str, GpuUse], assignment: Assignment) -> None:
+# (uuid -> (cores, memory, whole, pods)) of a ledger: one decode per distinct annotation.
+_Totals = dict[str, tuple[int, int, bool, int]]
+
+
+@lru_cache(maxsize=8192)
+def _parsed(inventory_text: str, ledger_text: str | None
+            ) -> tuple[Inventory, _Totals, dict[str, Assignment]]:
+    """Decode a node's two annotations once: the scheduler sends the same ones pod after pod,
+    and they change only when a bind or the agent writes them."""
+    inventory = decode_inventory(inventory_text)
+    gpus = {gpu.uuid: GpuUse(gpu) for gpu in inventory.gpus}
+    counted = {uid: entry.assignment for uid, entry in decode_ledger(ledger_text).items()}
+    for assignment in counted.values():
+        _count(gpus, assignment)
+    totals = {uuid: (u.cores, u.memory, u.whole, u.pods) for uuid, u in gpus.items()}
+    return inventory, totals, counted
+
+
+def _count(gpus: Mapping[str, GpuUse], assignment: Assignment, sign: int = 1) -> None:
     # A GPU the ledger names but the inventory lacks is gone: nothing is placed on it anyway.
     if assignment.shared:
         use = gpus.get(assignment.shared[0])
         if use is not None:
-            use.cores += assignment.shared[1]
-            use.memory += assignment.shared[2]
-            use.pods += 1
+            use.cores += sign * assignment.shared[1]
+            use.memory += sign * assignment.shared[2]
+            use.pods += sign
     for uuid in assignment.whole:
         use = gpus.get(uuid)
         if use is not None:
-            use.whole = True
-            use.pods += 1
+            use.whole = sign > 0
+            use.pods += sign
 
 
 class Placement:

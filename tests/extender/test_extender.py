@@ -190,3 +190,23 @@ def test_max_age_must_be_a_finite_number_of_seconds(
         extender_main(["--max-age", value])
     assert done.value.code == 2
     assert f"argument --max-age: {value!r} is not a number of seconds" in capsys.readouterr().err
+
+
+def test_credentials_from_a_kubeconfig_authenticate_to_the_api(api: FakeClusterApi,
+                                                               tmp_path: Path) -> None:
+    import asyncio
+
+    from extender.kube import Credentials, Kube
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(api.kubeconfig())
+    add(api, node_object("n", [GIB]))
+
+    async def read() -> dict:
+        kube = Kube(Credentials.load(str(kubeconfig)))
+        try:
+            return await kube.get("/api/v1/nodes/n")
+        finally:
+            await kube.close()
+
+    assert asyncio.run(read())["metadata"]["name"] == "n"
