@@ -213,3 +213,40 @@ def test_torch_compile_reduce_overhead_ends_as_it_does_without_the_library(
     if backend == "default":
         assert limited.stdout.split() == ["compiled", "True"]
     assert peak.bytes <= LIMIT
+
+
+IPC = """
+import sys, torch, torch.multiprocessing as mp
+
+def child(tensors, sums):
+    try:
+        sums.put(float(tensors.get().sum()))
+    except Exception as exc:
+        sums.put("out-of-memory" if "out of memory" in str(exc) else repr(exc))
+
+if __name__ == "__main__":
+    mp.set_start_method("spawn")
+    tensors, sums = mp.Queue(), mp.Queue()
+    process = mp.Process(target=child, args=(tensors, sums))
+    process.start()
+    block = torch.ones(int(sys.argv[1]) // 4, device="cuda")
+    tensors.put(block)
+    print("ipc", sums.get(timeout=120), flush=True)
+    process.join()
+"""
+
+
+@pytest.mark.parametrize(("size", "fits"), [(GIB, True), (2 * GIB, False)], ids=["1GiB", "2GiB"])
+def test_a_cuda_tensor_shared_with_another_process_is_charged_to_both(
+    programs: Path, tmp_path: Path, size: int, fits: bool
+) -> None:
+    script = tmp_path / "share.py"
+    script.write_text(IPC)
+    with Peak() as peak:
+        result = subprocess.run(vcuda_run(sys.executable, str(script), str(size)),
+                                env=environment(), capture_output=True, text=True, timeout=240)
+    report(f"torch-ipc-{size >> 30}GiB", peak)
+    print(result.stdout, result.stderr[-3000:])
+    # Two contexts, the tensor and its mapping in the child: 2 GiB do not fit in 4 GiB.
+    assert result.stdout.split() == ["ipc", str(float(size // 4)) if fits else "out-of-memory"]
+    assert peak.bytes <= LIMIT
