@@ -112,6 +112,12 @@ class Demo:
                     run(title, functools.partial(self._start_container, sample, review.pod,
                                                  container))
 
+        title = "place a shared pod on a node with a full and a free GPU"
+        if machine.admission_missing:
+            self.runner.skip(title, "not run: see step 1")
+        else:
+            run(title, self._place)
+
         memory, cores = _gpu_limits()
         title = f"run a CUDA program under vcuda-run --memory {memory} --cores {cores}"
         if machine.gpus.gpus:
@@ -234,6 +240,12 @@ class Demo:
         if forged and forged != wanted:
             summary += f" (not the forged {limits_text(forged)})"
         return Done(summary, details)
+
+    def _place(self) -> Done:
+        # Needs the extender's modules, which step 1 checked with the webhook's.
+        from demo.placement import place_on_two_gpus
+
+        return place_on_two_gpus(self.work)
 
     def _cuda_program(self, memory: str, cores: int) -> Done:
         probe = gpu.run_probe(self.args.cuda_python, memory, cores)

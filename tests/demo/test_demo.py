@@ -105,6 +105,11 @@ def test_the_demo_shows_the_whole_path_of_each_pod_and_exits_0(tmp_path: Path) -
     assert status == "ok" and "memory=1073741824" in app and "cores=10" in app
     assert "cores=99" not in app
 
+    status, placed = _step(out, "place a shared pod on a node with a full and a free GPU")
+    assert status == "ok", placed
+    assert "old path:  NVIDIA's time-slicing hands out the GPU with the fewest replicas" in placed
+    assert "POST /filter keeps gpu-node" in placed and "bind records GPU-demo-1" in placed
+
     status, cuda = _step(out, "run a CUDA program under vcuda-run --memory 10Gi --cores 30")
     assert status in ("ok", "skipped")
     if status == "skipped":

@@ -51,6 +51,7 @@ class Scenario:
     burst: int = 40  # pods created at once
     strategy: str = "binpack"
     whole_share: float = 0.1  # of pods that ask for whole GPUs
+    delete_ratio: float = 0.75  # pods deleted after each burst, against the burst's size
     seed: int = 1
     agent_every: float = 0.5  # seconds between node agent passes
     restart_extender_at: float = 0.4  # of the creates made, an extender replica restarts
@@ -72,6 +73,7 @@ class Report:
     never_placed: int = 0
     bind_failures: int = 0
     bind_errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # what went wrong in the simulation itself
     seconds: float = 0.0
     placing_seconds: float = 0.0  # time the queue held pods that some node could take
     largest_free_gib: float = 0.0  # mean over nodes of the largest free block, at the end
@@ -89,6 +91,7 @@ class Report:
                 "unschedulable_although_a_gpu_could_hold_them":
                     len(self.unschedulable_but_fit),
                 "never_placed": self.never_placed, "bind_failures": self.bind_failures,
+                "simulation_errors": len(self.errors),
                 "seconds": round(self.seconds, 1), "pods_per_second": round(self.rate(), 1),
                 "mean_largest_free_block_gib": round(self.largest_free_gib, 2),
                 "idle_gpus": self.idle_gpus}
@@ -207,7 +210,8 @@ class Simulation:
     def _delete_some(self) -> None:
         with self._lock:
             uids = list(self._running)
-        victims = self._random.sample(uids, k=min(len(uids), int(self.s.burst * 0.9)))
+        victims = self._random.sample(uids, k=min(len(uids),
+                                                  int(self.s.burst * self.s.delete_ratio)))
         for uid in victims:
             with self._lock:
                 gone = self._running.pop(uid)
@@ -286,6 +290,12 @@ class Simulation:
     def _bind(self, pod: dict[str, Any], node: str, extender: RunningExtender) -> None:
         try:
             answer = extender.verb("/bind", binding_args(pod, node))
+        except Exception as exc:  # the report shows it; the pod is lost
+            self.report.errors.append(f"bind {pod['metadata']['name']}: {exc!r}")
+            with self._lock:
+                self._in_flight -= 1
+            return
+        try:
             if answer.get("error"):
                 with self._lock:
                     self.report.bind_failures += 1
@@ -293,6 +303,8 @@ class Simulation:
                     self._queue.append(pod)
                 return
             self._start(pod, node)
+        except Exception as exc:  # the report shows it; the pod is lost
+            self.report.errors.append(f"start {pod['metadata']['name']}: {exc!r}")
         finally:
             with self._lock:
                 self._in_flight -= 1

@@ -15,3 +15,4 @@ def test_a_small_cluster_with_restarts_places_every_pod_on_a_gpu_that_holds_it()
     assert report.shared_and_whole == []
     assert report.unschedulable_but_fit == []
     assert report.deleted > 0
+    assert report.errors == []
