@@ -56,6 +56,11 @@ class FakeClusterApi(FakeNodesApi):
         self.put(path, pod)
         return path
 
+    def remove(self, path: str) -> None:
+        """Delete the object at ``path``, as if another client did."""
+        with self.lock:
+            self.objects.pop(path, None)
+
     def pods(self) -> list[dict[str, Any]]:
         with self.lock:
             return [copy.deepcopy(o) for p, o in self.objects.items() if "/pods/" in p]

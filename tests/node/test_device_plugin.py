@@ -122,7 +122,7 @@ def test_the_ledger_line_of_a_deleted_pod_is_pruned_and_its_room_comes_back(
     pod = bound(api, extender, pod_object("p", cores=10, memory_gib=1))
     done = bound(api, extender, pod_object("done", cores=10, memory_gib=1))
     api.objects["/api/v1/namespaces/team/pods/done"]["status"] = {"phase": "Succeeded"}
-    api.objects.pop(f"/api/v1/namespaces/team/pods/{pod['metadata']['name']}")
+    api.remove(f"/api/v1/namespaces/team/pods/{pod['metadata']['name']}")
     node.agent_pass()
     ledger = decode_ledger(api.get(f"/api/v1/nodes/{NODE}")["metadata"]["annotations"][
         LEDGER_ANNOTATION])

@@ -216,8 +216,8 @@ class Simulation:
             with self._lock:
                 gone = self._running.pop(uid)
             metadata = gone.pod["metadata"]
-            self.api.objects.pop(f"/api/v1/namespaces/{metadata['namespace']}/pods/"
-                                 f"{metadata['name']}", None)
+            self.api.remove(f"/api/v1/namespaces/{metadata['namespace']}/pods/"
+                            f"{metadata['name']}")
             self.nodes[gone.node].kubelet.remove(metadata["namespace"], metadata["name"])
             self.report.deleted += 1
         with self._lock:  # room came back: the scheduler tries its unschedulable pods again
