@@ -16,7 +16,7 @@
  *   info | total DEV | nvml | wait | sleep MS | fork CMD;CMD... | hammer BYTES
  *   resolve | wrapped
  *   gcapture MODE BYTES free|keep | gnode BYTES | glaunch N | gupload N | gtrim | gmem
- *   ipcexport N | ipcopen HEX
+ *   ipcexport N | ipcopen HEX | bgcapture MODE | bgend
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
  *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
@@ -49,6 +49,9 @@
  *             stream for MS ms (a launch-bound program: the device idles
  *             between its kernels); prints "gaps LAUNCHES SLOW": the launches
  *             made, and how many of their calls took a millisecond or more.
+ *   bgcapture another thread begins a capture of MODE on a stream of its own
+ *             and holds it open; bgend ends it and prints its result (a
+ *             capture invalidated by this thread's calls meanwhile fails).
  *   badlaunch makes N launches of a function that does not exist.
  *   threads   prints how many threads the process has.
  *   records   prints how many events the process recorded (test double only, else -).
@@ -480,6 +483,49 @@ static void nvml_report(void)
             r1, m.total, m.free, m.used, r2, m2.total, m2.reserved, m2.free, m2.used, r3, n3, sum3,
             own, r4, sum1);
     }
+}
+
+/* A capture that another thread holds open, for bgcapture and bgend. */
+static struct {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    CUcontext context;
+    CUstreamCaptureMode mode;
+    int stage;              /* 1: capturing, 2: asked to end, 3: ended */
+    CUresult begun, ended;
+} bg = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
+
+static void bg_stage(int stage)
+{
+    pthread_mutex_lock(&bg.lock);
+    bg.stage = stage;
+    pthread_cond_broadcast(&bg.changed);
+    pthread_mutex_unlock(&bg.lock);
+}
+
+static void bg_wait(int stage)
+{
+    pthread_mutex_lock(&bg.lock);
+    while (bg.stage < stage)
+        pthread_cond_wait(&bg.changed, &bg.lock);
+    pthread_mutex_unlock(&bg.lock);
+}
+
+static void *bg_capture(void *unused)
+{
+    (void)unused;
+    CUstream s;
+    CUgraph graph = NULL;
+    api.CtxSetCurrent(bg.context);
+    bg.begun = api.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (bg.begun == CUDA_SUCCESS)
+        bg.begun = api.StreamBeginCapture(s, bg.mode);
+    bg_stage(1);
+    bg_wait(2);
+    bg.ended = bg.begun == CUDA_SUCCESS ? api.StreamEndCapture(s, &graph) : bg.begun;
+    bg_stage(3);
+    return NULL;
 }
 
 static volatile bool hammering;
@@ -972,6 +1018,25 @@ static int step(char **cmd, int left)
             r = api.StreamSynchronize(0);
         out("%s %s\n", c, name(r));
         return 2;
+    }
+    if (!strcmp(c, "bgcapture")) {
+        /* Another thread begins a capture of mode a1 and holds it open until bgend. */
+        bg.mode = !strcmp(a1, "global")   ? CU_STREAM_CAPTURE_MODE_GLOBAL
+                  : !strcmp(a1, "thread") ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+                                          : CU_STREAM_CAPTURE_MODE_RELAXED;
+        api.PrimaryCtxRetain(&bg.context, current_device());
+        bg.stage = 0;
+        pthread_create(&bg.thread, NULL, bg_capture, NULL);
+        bg_wait(1);
+        out("bgcapture %s\n", name(bg.begun));
+        return 2;
+    }
+    if (!strcmp(c, "bgend")) {
+        bg_stage(2);
+        bg_wait(3);
+        pthread_join(bg.thread, NULL);
+        out("bgend %s\n", name(bg.ended));
+        return 1;
     }
     if (!strcmp(c, "ipcexport")) {
         /* Prints the IPC handle of allocation N as hex, for another process's ipcopen. */

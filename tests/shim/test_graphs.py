@@ -112,3 +112,18 @@ def test_a_captured_allocation_charges_nothing_to_the_stream_pool(gpu: FakeGpu) 
                       "info")
     assert lines[3][:2] == ["async", "CUDA_SUCCESS"]
     assert in_use(lines) == CONTEXT + 512 * MIB
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_allocations_and_memory_queries_leave_another_threads_capture_valid(
+    gpu: FakeGpu, mode: str
+) -> None:
+    # The library's pool queries for this thread's allocations and memory figures are
+    # made in relaxed mode: a global capture of another thread survives them.
+    gpu.limit(4 * GIB)
+    lines = gpu.lines("init", "ctx", "0", "async", "64M", "bgcapture", mode, "async", "64M",
+                      "pool", "32M", "info", "nvml", "bgend")
+    assert lines[3] == ["bgcapture", "CUDA_SUCCESS"]
+    assert [line[:2] for line in lines[4:7]] == [
+        ["async", "CUDA_SUCCESS"], ["pool", "CUDA_SUCCESS"], ["info", "CUDA_SUCCESS"]]
+    assert lines[-1] == ["bgend", "CUDA_SUCCESS"]
