@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import quote
 
+from extender.errors import ExtenderError
 from extender.kube import Kube, KubeError
 from extender.policy import Demand, DemandError, Unfit, node_gpus, place, pod_demand
 from extender.wire import BindingArgs
@@ -28,7 +29,7 @@ from runtime_hook.placement import (
 ATTEMPTS = 16  # conflicts in a row before giving up (the scheduler then retries the pod)
 
 
-class BindError(RuntimeError):
+class BindError(ExtenderError, RuntimeError):
     """The pod cannot be bound; the message is what its events show."""
 
 

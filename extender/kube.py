@@ -10,11 +10,13 @@ from typing import Any
 
 import aiohttp
 
+from extender.errors import ExtenderError
+
 MERGE_PATCH = "application/merge-patch+json"
 _TOKEN_REREAD = 60.0  # seconds: projected service account tokens are rotated on disk
 
 
-class KubeError(RuntimeError):
+class KubeError(ExtenderError, RuntimeError):
     """The API answered an error (``status`` 0: it could not be reached)."""
 
     def __init__(self, status: int, message: str) -> None:

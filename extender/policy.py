@@ -14,10 +14,12 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
+from extender.errors import ExtenderError
 from runtime_hook.contract import (
     CORES_PER_GPU,
     INVENTORY_ANNOTATION,
     LEDGER_ANNOTATION,
+    LIMITS_ANNOTATION,
     WHOLE_RESOURCE,
     Gpu,
 )
@@ -28,7 +30,6 @@ from runtime_hook.placement import (
     decode_inventory,
     decode_ledger,
 )
-from webhook.policy import LIMITS_ANNOTATION
 
 STRATEGIES = ("binpack", "spread")
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
@@ -36,7 +37,7 @@ _GPU_WEIGHT = 0.7  # in a node's score, the chosen GPU's fill against the whole 
 _GIB = 1 << 30
 
 
-class DemandError(ValueError):
+class DemandError(ExtenderError, ValueError):
     """The pod's vcuda fields cannot be read; the message tells its owner what to fix."""
 
 
@@ -190,7 +191,7 @@ class NodeGpus:
         return max((g.free_memory for g in self.gpus if g.free_cores > 0), default=0)
 
 
-class Unfit(Exception):
+class Unfit(ExtenderError):
     """The node cannot hold the pod; ``reason`` is what the pod's events show.
 
     ``final``: no change of other pods would help (no or stale inventory).

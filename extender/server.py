@@ -19,8 +19,7 @@ from extender.service import Extender, Outcome
 from extender.wire import BadArguments
 from webhook.config import Config, ConfigError
 from webhook.logs import make_logger
-from webhook.server import positive_seconds
-from webhook.serving import BodyRefused, Guards, Serving
+from webhook.serving import BodyRefused, Guards, Serving, positive_seconds
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8888

@@ -11,8 +11,10 @@ from typing import Any
 
 import msgspec
 
+from extender.errors import ExtenderError
 
-class BadArguments(ValueError):
+
+class BadArguments(ExtenderError, ValueError):
     """The body is not what kube-scheduler sends (HTTP 400); the message says what is wrong."""
 
 

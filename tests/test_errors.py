@@ -9,9 +9,11 @@ import pkgutil
 import pytest
 
 import demo
+import extender
 import runtime_hook
 import webhook
 from demo.steps import DemoError
+from extender.errors import ExtenderError
 from runtime_hook.contract import ContractError, InventoryError, VcudaError
 from runtime_hook.hook_errors import HookError, NodeError
 from webhook.errors import WebhookError
@@ -21,12 +23,13 @@ ROOTS = {
     "runtime_hook": (NodeError, ContractError),
     "webhook": (WebhookError,),
     "demo": (DemoError,),
+    "extender": (ExtenderError,),
 }
 
 
 def _errors() -> list[type[BaseException]]:
     found = set()
-    for package in (runtime_hook, webhook, demo):
+    for package in (runtime_hook, webhook, extender, demo):
         for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
             if info.name.endswith("__main__"):
                 continue  # runs the command
@@ -42,7 +45,7 @@ ERRORS = _errors()
 
 
 def test_the_search_finds_the_errors_of_every_package() -> None:
-    assert {HookError, InventoryError, WebhookError, DemoError} <= set(ERRORS)
+    assert {HookError, InventoryError, WebhookError, ExtenderError, DemoError} <= set(ERRORS)
 
 
 @pytest.mark.parametrize("error", ERRORS, ids=lambda cls: f"{cls.__module__}.{cls.__qualname__}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("webhook", "runtime_hook", "demo")
+PACKAGES = ("webhook", "runtime_hook", "extender", "demo")
 
 
 def _modules() -> dict[str, Path]:
@@ -101,14 +101,21 @@ def test_no_module_imports_itself_back_through_others() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(n for n in GRAPH if n.startswith("runtime_hook")))
-def test_the_hook_and_the_node_agent_never_import_the_webhook_or_the_demo(name: str) -> None:
-    assert not {t for t in GRAPH[name] if t.startswith(("webhook", "demo"))}
+def test_the_hook_and_the_node_agent_never_import_the_webhook_the_extender_or_the_demo(
+    name: str,
+) -> None:
+    assert not {t for t in GRAPH[name] if t.startswith(("webhook", "extender", "demo"))}
 
 
 @pytest.mark.parametrize("name", sorted(n for n in GRAPH if n.startswith("webhook")))
 def test_the_webhook_takes_only_the_contract_from_the_node_side(name: str) -> None:
     taken = {t for t in GRAPH[name] if t.startswith("runtime_hook")}
     assert taken <= {"runtime_hook", "runtime_hook.contract"}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in GRAPH if not n.startswith("demo")))
+def test_nothing_installed_imports_the_demo(name: str) -> None:
+    assert not {t for t in GRAPH[name] if t.startswith("demo")}
 
 
 @pytest.mark.parametrize("entry", sorted(_entry_points()))

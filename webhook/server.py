@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import signal
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from webhook.logs import make_logger
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.pki import write_self_signed
 from webhook.review import MAX_BODY, body_too_large
-from webhook.serving import DEFAULT_GUARDS, BodyRefused, Guards, Serving
+from webhook.serving import DEFAULT_GUARDS, BodyRefused, Guards, Serving, positive_seconds
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8443
@@ -121,17 +120,6 @@ class WebhookServer:
     async def stop(self) -> None:
         """Stop polling, stop listening, and let requests in progress finish (10 s at most)."""
         await self._serving.stop()
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type: seconds, more than 0 and finite (NaN and inf would spin or never wake)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds more than 0")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,9 +17,11 @@ refusal as :class:`BodyRefused`. Large buffers go back to the system when freed
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import ctypes
+import math
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -337,3 +339,14 @@ class _Libc:
 
 
 _LIBC = _Libc()
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: seconds, more than 0 and finite (NaN and inf would spin or never wake)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds more than 0")
+    return value

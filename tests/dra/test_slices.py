@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 
 from runtime_hook.contract import Gpu
-from runtime_hook.node.dra.kube import DraApi, KubeError
+from runtime_hook.node.dra.kube import DraApi, DraApiError
 from runtime_hook.node.dra.publish import publish
 from runtime_hook.node.dra.slices import GpuModel, device_name, resource_slice, slice_name
 from runtime_hook.node.logs import Problems
@@ -124,12 +124,12 @@ def test_the_policy_refuses_a_slice_for_another_node(
         dra_api: FakeDraApi, tmp_path: Path) -> None:
     dra_api.node_name = "gpu-node-2"  # the agent's token is bound to another node
     api = _api(dra_api, tmp_path)
-    with pytest.raises(KubeError, match=r"cannot create resourceslice gpu-node-1-vcuda\.io: "
+    with pytest.raises(DraApiError, match=r"cannot create resourceslice gpu-node-1-vcuda\.io: "
                        r"HTTP 422: .* the vcuda node agent of node gpu-node-2 may write only "
                        r"the vcuda\.io ResourceSlices of that node"):
         publish(api, NODE, [H100], 1.0)
     dra_api.node_name = None  # a token without the node's name (not a pod-bound one)
-    with pytest.raises(KubeError, match="the vcuda node agent's token names no node"):
+    with pytest.raises(DraApiError, match="the vcuda node agent's token names no node"):
         publish(api, NODE, [H100], 1.0)
 
 

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable
 
 from runtime_hook.contract import Gpu
-from runtime_hook.node.dra.kube import DraApi, KubeError
+from runtime_hook.node.dra.kube import DraApi, DraApiError
 from runtime_hook.node.dra.plugin import KubeletPlugin, with_fix
 from runtime_hook.node.dra.prepare import Paths, Preparer
 from runtime_hook.node.dra.publish import publish
@@ -63,7 +63,7 @@ class Driver:
             models.append(GpuModel(gpu.uuid, gpu.index, gpu.memory, product, capability))
         try:
             done = publish(self._api, self._node, models, self._scaling)
-        except KubeError as exc:
+        except DraApiError as exc:
             problems.report("resourceslice", f"node {self._node}", with_fix(exc))
             return
         if done:

@@ -13,7 +13,7 @@ _FIX_RBAC = ("grant it with manifests/dra/rbac.yaml (get resourceclaims; get, cr
              "resourceslices)")
 
 
-class KubeError(NodeError, RuntimeError):
+class DraApiError(NodeError, RuntimeError):
     """A call failed; the message says which and why, ``fix`` what to do."""
 
     fix = "check that the API server is reachable from the node"
@@ -28,7 +28,7 @@ class DraApi:
         try:
             self._api = client.ResourceV1Api(api_client(kubeconfig))
         except AdvertiseError as exc:
-            raise KubeError(str(exc), exc.fix) from None
+            raise DraApiError(str(exc), exc.fix) from None
 
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The ResourceClaim ``namespace/name`` as JSON."""
@@ -66,13 +66,13 @@ class DraApi:
             if exc.status == 404:
                 raise KubeNotFound(f"cannot {what}: not found") from None
             if exc.status == 403:
-                raise KubeError(f"not allowed to {what}: {reason}", _FIX_RBAC) from None
-            raise KubeError(f"cannot {what}: HTTP {exc.status}: {reason}") from None
+                raise DraApiError(f"not allowed to {what}: {reason}", _FIX_RBAC) from None
+            raise DraApiError(f"cannot {what}: HTTP {exc.status}: {reason}") from None
         except HTTPError as exc:
-            raise KubeError(f"cannot reach the API server to {what}: {exc}") from None
+            raise DraApiError(f"cannot reach the API server to {what}: {exc}") from None
 
 
-class KubeNotFound(KubeError):
+class KubeNotFound(DraApiError):
     """The object asked for does not exist."""
 
 
