@@ -20,7 +20,7 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 APPLETS = (
     *("sh", "cat", "ls", "echo", "touch", "sleep", "true", "stat", "awk", "sha256sum"),
-    *("mv", "rm", "rmdir", "umount"),
+    *("mv", "rm", "rmdir", "umount", "unshare"),
 )
 
 

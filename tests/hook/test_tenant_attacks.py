@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from runtime_hook.contract import Gpu, parse_limits, write_inventory
 from tests.hook.bundles import HookSetup, Runtime, limits_annotation
 from tests.hook.conftest import BuildBundle
@@ -191,4 +193,33 @@ def test_a_directory_on_a_volume_is_refused(
     assert result.returncode != 0
     assert "/usr/local is not on the container's root filesystem (a volume?)" in _hook_line(
         result.stderr
+    )
+
+
+# In a user namespace of its own, root in the container holds CAP_SYS_ADMIN over a copy of
+# its mounts; the copies are locked together, so it can still not take one away.
+_USERNS_DETACH = f"""
+unshare -Um sh -c '
+for p in {' '.join(_PINNED)}; do
+    umount -l $p 2>/dev/null && echo "UNMOUNTED $p"
+    mv $p $p.moved 2>/dev/null && echo "MOVED $p"
+done
+echo IN-USERNS
+cat /etc/ld.so.preload /etc/vcuda/limits' || echo "NO-USERNS"
+"""
+
+
+def test_a_user_namespace_of_its_own_does_not_let_root_detach_its_limits(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    _inventory(hook)
+    result = _start(runc, bundle, hook, "userns", args=("sh", "-c", _USERNS_DETACH), gpus=(GPU0,))
+    assert result.returncode == 0, result.stderr
+    if "IN-USERNS" not in result.stdout:
+        pytest.skip(f"this kernel gives the container no user namespace: {result.stderr!r}")
+    lines = result.stdout.splitlines()
+    assert not [line for line in lines if line.split()[0] in ("MOVED", "UNMOUNTED")], lines
+    assert lines[lines.index("IN-USERNS") + 1] == "/usr/local/vcuda/lib/libvcuda.so"
+    assert parse_limits("\n".join(lines[lines.index("IN-USERNS") + 2 :]) + "\n").devices == (
+        GPU0,
     )
