@@ -52,7 +52,7 @@ static void add_node(struct vc_graph_op *need, CUdevice ordinal, uint64_t bytes,
         vc_log(VC_LOG_ERROR, "a graph allocates on more than %d devices", VC_GRAPH_PARTS);
         i--;
     } else if (i == need->nparts) {
-        need->part[need->nparts++] = (typeof(need->part[0])){.device = d, .ordinal = ordinal};
+        need->part[need->nparts++] = (struct vc_graph_part){.device = d, .ordinal = ordinal};
     }
     if (freed)
         need->part[i].transient += bytes;
@@ -197,6 +197,35 @@ static bool capturing(CUstream stream, bool ptsz)
     return r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+/* Charges what backing part may add on its device: what it keeps, and what it
+ * frees itself beyond the reservation that kept allocations do not hold. */
+static bool charge_part(struct vc_graph_part *part)
+{
+    pthread_mutex_lock(&vc_local_lock);
+    uint64_t reserved = reservation[part->device->index].charged;
+    uint64_t kept = reservation[part->device->index].kept;
+    pthread_mutex_unlock(&vc_local_lock);
+    uint64_t reusable = reserved > kept ? reserved - kept : 0;
+    part->charged = part->kept + (part->transient > reusable ? part->transient - reusable : 0);
+    return vc_memory_charge(part->device, part->charged) == CUDA_SUCCESS;
+}
+
+/* After the driver gave back ordinal's unused graph memory: what is left is
+ * what kept allocations hold, and graphs launched again are backed again. */
+static void trimmed(CUdevice ordinal)
+{
+    pthread_mutex_lock(&vc_local_lock);
+    for (size_t i = 0; i < nexecs; i++)
+        execs[i].backed = false;
+    for (int dev = 0; dev < VC_MAX_DEVICES; dev++) {
+        if (!reservation[dev].seen || reservation[dev].ordinal != ordinal)
+            continue;
+        settle(dev);
+        reservation[dev].kept = reservation[dev].charged;
+    }
+    pthread_mutex_unlock(&vc_local_lock);
+}
+
 CUresult vc_graph_begin(struct vc_graph_op *op, CUgraphExec exec, CUstream stream, bool ptsz)
 {
     op->nparts = 0;
@@ -215,16 +244,9 @@ CUresult vc_graph_begin(struct vc_graph_op *op, CUgraphExec exec, CUstream strea
     }
     vc_graphs_refresh();
     for (int i = 0; i < op->nparts; i++) {
-        typeof(op->part[0]) *part = &op->part[i];
-        pthread_mutex_lock(&vc_local_lock);
-        uint64_t reserved = reservation[part->device->index].charged;
-        uint64_t kept = reservation[part->device->index].kept;
-        pthread_mutex_unlock(&vc_local_lock);
-        uint64_t reusable = reserved > kept ? reserved - kept : 0;
-        part->charged = part->kept + (part->transient > reusable ? part->transient - reusable : 0);
-        if (vc_memory_charge(part->device, part->charged) != CUDA_SUCCESS) {
+        if (!charge_part(&op->part[i])) {
             vc_log(VC_LOG_INFO, "a graph's allocations (%llu bytes on %s) do not fit: out of memory",
-                   (unsigned long long)part->charged, part->device->uuid);
+                   (unsigned long long)op->part[i].charged, op->part[i].device->uuid);
             op->nparts = i;
             return vc_graph_end(op, CUDA_ERROR_OUT_OF_MEMORY);
         }
@@ -343,17 +365,7 @@ CUresult CUDAAPI cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream)
 CUresult CUDAAPI cuDeviceGraphMemTrim(CUdevice device)
 {
     CUresult r = vc_real_cuDeviceGraphMemTrim(device);
-    if (r != CUDA_SUCCESS || vc_mode() != VC_ON)
-        return r;
-    pthread_mutex_lock(&vc_local_lock);
-    for (size_t i = 0; i < nexecs; i++)
-        execs[i].backed = false;
-    for (int dev = 0; dev < VC_MAX_DEVICES; dev++) {
-        settle(dev);
-        /* What is left after a trim is what kept allocations hold. */
-        if (reservation[dev].seen && reservation[dev].ordinal == device)
-            reservation[dev].kept = reservation[dev].charged;
-    }
-    pthread_mutex_unlock(&vc_local_lock);
+    if (r == CUDA_SUCCESS && vc_mode() == VC_ON)
+        trimmed(device);
     return r;
 }

@@ -22,16 +22,19 @@
 
 #define VC_GRAPH_PARTS 4
 
+/* What a graph allocates on one device. */
+struct vc_graph_part {
+    const struct vc_device *device;
+    CUdevice ordinal;
+    uint64_t kept;        /* bytes of allocations the graph does not free */
+    uint64_t transient;   /* bytes of allocations it frees itself */
+    uint64_t charged;     /* up front, by an upload or launch in flight */
+};
+
 /* One upload or launch of an executable graph in flight. */
 struct vc_graph_op {
     int nparts;
-    struct {
-        const struct vc_device *device;
-        CUdevice ordinal;
-        uint64_t kept;        /* bytes of allocations the graph does not free */
-        uint64_t transient;   /* bytes of allocations it frees itself */
-        uint64_t charged;     /* up front */
-    } part[VC_GRAPH_PARTS];
+    struct vc_graph_part part[VC_GRAPH_PARTS];
     CUgraphExec exec;
 };
 
