@@ -15,7 +15,8 @@ RUN apt-get update \
 WORKDIR /src
 COPY cshim/ cshim/
 # zig cc (the ziglang wheel) builds it against glibc 2.17: it loads in old images.
-RUN pip install --no-cache-dir 'ziglang>=0.13' \
+# cuda.h (a header only: the library links no CUDA) comes from NVIDIA's wheel.
+RUN pip install --no-cache-dir 'ziglang>=0.13' 'nvidia-cuda-runtime-cu12>=12.5' \
  && make -C cshim PYTHON=python3 \
  && install -D -m 0644 "$(find cshim -name libvcuda.so -print -quit)" /out/libvcuda.so
 

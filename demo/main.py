@@ -319,7 +319,7 @@ def _try_next(runner: Runner, gpu_ran: bool) -> str:
                 "--cores 30 -- python3 your_script.py (nvidia-smi under it shows 4 GiB too)")
     return ("Try next: on a machine with an NVIDIA GPU, bash scripts/demo also runs a CUDA "
             "program under these limits; to deploy vcuda on a cluster, see README.md, "
-            "\"Deploying\"")
+            "\"Install\"")
 
 
 @contextlib.contextmanager

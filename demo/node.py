@@ -37,7 +37,7 @@ BUILT_LIBRARY = REPO / "cshim" / "build" / "libvcuda.so"
 RUNTIME_CLASS = "vcuda"
 # The vcuda handler's pod_annotations (manifests/node/containerd-*.toml).
 POD_ANNOTATIONS = (f"{ANNOTATION_DOMAIN}/*",)
-# Where the node DaemonSet installs the hook's files (README.md, "Node hook").
+# Where the node DaemonSet installs the hook's files (docs/NODE-HOOK.md).
 _NODE_HOOK = "/usr/local/vcuda/python/runtime_hook/oci_hook.py"
 _NODE_STATE = "/run/vcuda"
 NODE_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"

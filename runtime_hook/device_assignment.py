@@ -42,7 +42,7 @@ ENV_NAME = "NVIDIA_VISIBLE_DEVICES"
 _NOT_DEVICES = ("", "void", "none", DEVICE_LIST_DIR, DEVICE_LIST_DIR + "/")
 _FIX_PLUGIN = (
     "run NVIDIA's device plugin with deviceListStrategy volume-mounts "
-    "(manifests/device-plugin-config.yaml)"
+    "(manifests/device-plugin/config.yaml)"
 )
 _FIX_ENV = "remove NVIDIA_VISIBLE_DEVICES from the pod's env: the device plugin chooses the GPUs"
 _FIX_INVENTORY = "restart the node agent so that its GPU inventory lists every GPU of this node"

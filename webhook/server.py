@@ -143,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="serve with a throwaway CA and localhost certificate made at start, "
                              "for trying the webhook locally; the CA's file is logged")
     parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="JSON policy settings (keys in README.md, section Webhook); "
+                        help="JSON policy settings (keys in docs/WEBHOOK.md); "
                              "keys left out keep their defaults")
     parser.add_argument("--reload-interval", type=positive_seconds, default=1.0, metavar="SECONDS",
                         help="how often to look for a new certificate and key (default: 1)")

@@ -36,7 +36,10 @@ def _ids(path: Any) -> str:
     return path.name
 
 
-@pytest.mark.parametrize("path", manifest_files(), ids=_ids)
+DEVICE_PLUGIN_CONFIG = ROOT / "device-plugin" / "config.yaml"  # applied apart, not by -k
+
+
+@pytest.mark.parametrize("path", [*manifest_files(), DEVICE_PLUGIN_CONFIG], ids=_ids)
 def test_every_manifest_validates_strictly_against_the_kubernetes_schemas(path: Any) -> None:
     for obj in documents(path):
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
@@ -65,6 +68,14 @@ def test_the_kustomization_builds_every_object_with_the_vcuda_label() -> None:
     for obj in objects:
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "vcuda"
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_kustomization_owns_no_namespace_but_its_own() -> None:
+    """`kubectl delete -k manifests/` must not delete software vcuda did not install."""
+    assert [o["metadata"]["name"] for o in all_objects() if o["kind"] == "Namespace"] == [NAMESPACE]
+    assert {o["metadata"].get("namespace", NAMESPACE) for o in all_objects()} == {NAMESPACE}
+    assert all(o["kind"] != "Namespace" and "namespace" not in o["metadata"]
+               for o in documents(DEVICE_PLUGIN_CONFIG))
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -267,6 +278,11 @@ def test_certs_jobs_name_the_objects_of_the_manifests(command: str) -> None:
     find("MutatingWebhookConfiguration", _certs_flag(command, "--webhook-config"))
 
 
+def test_the_ensure_job_is_removed_once_finished_so_a_new_image_can_be_applied() -> None:
+    # A Job's pod template is immutable: a Job left behind refuses the next apply.
+    assert find("Job", "vcuda-certs-ensure")["spec"]["ttlSecondsAfterFinished"] == 0
+
+
 def test_rotation_runs_hourly_one_at_a_time() -> None:
     cron = find("CronJob", "vcuda-certs-rotate")["spec"]
     minute, hour, *_ = cron["schedule"].split()
@@ -327,7 +343,7 @@ def test_node_daemonset_installs_then_runs_the_agent_on_the_host_root() -> None:
 
 
 def test_device_plugin_config_advertises_shared_replicas_as_the_shared_resource() -> None:
-    config_map = find("ConfigMap", "vcuda-device-plugin-config")
+    [config_map] = documents(DEVICE_PLUGIN_CONFIG)
     shared = yaml.safe_load(config_map["data"]["vcuda-shared"])
     slicing = shared["sharing"]["timeSlicing"]
     assert slicing["renameByDefault"] is True  # nvidia.com/gpu becomes nvidia.com/gpu.shared
@@ -338,13 +354,13 @@ def test_device_plugin_config_advertises_shared_replicas_as_the_shared_resource(
 
 
 def test_device_plugin_names_gpus_by_volume_mounts_the_only_list_the_hook_trusts() -> None:
-    config_map = find("ConfigMap", "vcuda-device-plugin-config")
+    [config_map] = documents(DEVICE_PLUGIN_CONFIG)
     for name in ("exclusive", "vcuda-shared"):
         plugin = yaml.safe_load(config_map["data"][name])["flags"]["plugin"]
         assert plugin["deviceListStrategy"] == "volume-mounts", name
 
 
-def test_every_container_uses_the_one_vcuda_image() -> None:
+def test_every_container_uses_the_one_fully_qualified_image_the_kustomization_sets() -> None:
     images = set()
     for obj in all_objects():
         pod = obj.get("spec", {}).get("template") or \
@@ -353,7 +369,55 @@ def test_every_container_uses_the_one_vcuda_image() -> None:
             for container in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
                 images.add(container["image"])
     upstream = {"registry.k8s.io/kube-scheduler:v1.33.5"}  # vcuda-scheduler, unchanged
-    assert images == {"vcuda/vcuda:0.1.0"} | upstream
+    [entry] = yaml.safe_load((ROOT / "kustomization.yaml").read_text())["images"]
+    assert images == {f"{entry['name']}:{entry['newTag']}"} | upstream
+    registry = entry["name"].split("/")[0]
+    assert registry.endswith(".invalid")  # never resolves: an unset image fails at pull
+
+
+# --- the node agent changes only its own node ----------------------------------------------------
+
+def _own_node_policy_allows(username: str, node: str, token_node: str | None) -> bool:
+    policy = find("ValidatingAdmissionPolicy", "vcuda-node-own-node")["spec"]
+    extra = {"authentication.kubernetes.io/node-name": [token_node]} if token_node else {}
+    env = celpy.Environment()
+    activation: dict[str, Any] = {"request": celpy.json_to_cel(
+        {"name": node, "userInfo": {"username": username, "extra": extra}})}
+    for condition in policy["matchConditions"]:
+        if not env.program(env.compile(condition["expression"])).evaluate(activation):
+            return True  # the policy does not apply to this request
+    activation["variables"] = celpy.json_to_cel({
+        v["name"]: env.program(env.compile(v["expression"])).evaluate(activation)
+        for v in policy["variables"]})
+    return all(bool(env.program(env.compile(v["expression"])).evaluate(activation))
+               for v in policy["validations"])
+
+
+AGENT = f"system:serviceaccount:{NAMESPACE}:vcuda-node"
+
+
+def test_the_node_agent_may_change_its_own_node() -> None:
+    assert _own_node_policy_allows(AGENT, "gpu-1", token_node="gpu-1")
+
+
+def test_the_node_agent_may_not_change_another_node() -> None:
+    assert not _own_node_policy_allows(AGENT, "gpu-2", token_node="gpu-1")
+
+
+def test_a_node_agent_token_not_bound_to_a_pod_may_change_no_node() -> None:
+    assert not _own_node_policy_allows(AGENT, "gpu-1", token_node=None)
+
+
+def test_the_own_node_policy_leaves_other_users_alone() -> None:
+    assert _own_node_policy_allows("system:node:gpu-1", "gpu-2", token_node=None)
+
+
+def test_the_own_node_policy_covers_nodes_and_their_status_and_denies() -> None:
+    policy = find("ValidatingAdmissionPolicy", "vcuda-node-own-node")["spec"]
+    [rule] = policy["matchConstraints"]["resourceRules"]
+    assert set(rule["resources"]) == {"nodes", "nodes/status"} and "UPDATE" in rule["operations"]
+    binding = find("ValidatingAdmissionPolicyBinding", "vcuda-node-own-node")["spec"]
+    assert binding == {"policyName": "vcuda-node-own-node", "validationActions": ["Deny"]}
 
 
 # --- placement: the second scheduler and the extender -------------------------------------------
@@ -382,7 +446,7 @@ def test_the_extender_listens_on_loopback_only_where_its_scheduler_reaches_it() 
     scheduler = find("Deployment", "vcuda-scheduler")["spec"]["template"]["spec"]
     daemonset = find("DaemonSet", "vcuda-scheduler-extender")["spec"]["template"]["spec"]
     for spec in (scheduler, daemonset):
-        [extender] = [c for c in spec["containers"] if c["image"].startswith("vcuda/")]
+        [extender] = [c for c in spec["containers"] if "/vcuda/vcuda:" in c["image"]]
         assert extender["command"] == ["vcuda-scheduler-extender", "--host", "127.0.0.1",
                                        "--port", "8888"]
         assert spec["serviceAccountName"] == "vcuda-scheduler"
