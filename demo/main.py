@@ -219,6 +219,19 @@ class Demo:
         config = container_config(pod, container, self.node, devices)
         bundle = write_bundle(self.work / "bundles" / f"{sample.name}-{name}", config)
         seen, why_not = self.runc.run(bundle, f"{sample.name}-{name}")
+        wanted = sample.limits.get(name, {}) if sample.limits else {}
+        room = min((g.memory for g in self.node.gpus if g.uuid in devices), default=0)
+        too_big = pod["spec"].get("runtimeClassName") == RUNTIME_CLASS and \
+            wanted.get("memory", 0) > room
+        if too_big:  # an --inventory with a small GPU: the hook must refuse the container
+            if seen is not None:
+                raise StepFailed(f"the container started, though its GPU has only "
+                                 f"{room / GIB:.2f} GiB and it asks for "
+                                 f"{wanted['memory'] / GIB:.2f} GiB")
+            if not why_not.startswith("vcuda-hook: "):
+                raise StepFailed(f"the container did not start, but not by the hook: {why_not}")
+            return Done(f"refused by the hook, as it should be: its GPU has {room / GIB:.2f} GiB "
+                        f"and it asks for {wanted['memory'] / GIB:.2f} GiB", [why_not])
         if seen is None:
             raise StepFailed(f"the container did not start: {why_not}")
         details = [f"device plugin's volume mounts: {','.join(devices) or 'none'}",
@@ -230,7 +243,6 @@ class Demo:
                                  details)
             return Done("no runtime class vcuda (whole GPUs), so no hook: nothing added",
                         details)
-        wanted = sample.limits[name] if sample.limits else {}
         problem = limits_problem(seen, wanted, devices)
         if problem:
             raise StepFailed(problem, details)

@@ -41,8 +41,10 @@ def surely_unlimited(state: bytes) -> bool:
 def main() -> int:
     """Run the hook with the process's arguments and the OCI state on stdin; return its status."""
     args = sys.argv[1:]
-    if "-h" in args or "--help" in args:
-        state = b""  # help is for a person at a terminal, who would have to close stdin
+    if "-h" in args or "--help" in args or ("prestart" not in args and "poststop" not in args):
+        # Help, or a command line without a stage to refuse: for a person at a
+        # terminal, who would have to close stdin, and who must not be let go silently.
+        state = b""
     else:
         state = sys.stdin.buffer.read(MAX_STATE)
         if surely_unlimited(state):

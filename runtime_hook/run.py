@@ -20,12 +20,19 @@ from runtime_hook.contract import (
     LimitsFormatError,
     render_limits,
 )
+from runtime_hook.hook_cli import DEFAULT_LIBRARY
 from runtime_hook.hook_errors import UsageError
 from runtime_hook.node_state import process_start_time
 
 LIMITS_ENV = "VCUDA_LIMITS_FILE"
 LIBRARY_ENV = "VCUDA_LIBRARY"
-_SYSTEM_LIBRARIES = ("/usr/local/lib/vcuda/libvcuda.so", "/usr/lib/vcuda/libvcuda.so")
+# Where vcuda-node install puts it on a node, then where a distribution would.
+_SYSTEM_LIBRARIES = (
+    DEFAULT_LIBRARY, "/usr/local/lib/vcuda/libvcuda.so", "/usr/lib/vcuda/libvcuda.so"
+)
+_HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+# GPU-<uuid>, MIG-<uuid> (driver 470 and later), MIG-GPU-<uuid>/<gi>/<ci> (older drivers).
+_DEVICE_UUID = re.compile(rf"(?:GPU|MIG)-{_HEX_UUID}|MIG-GPU-{_HEX_UUID}/\d+/\d+")
 _UNITS = {
     "": 1,
     "k": 1000,
@@ -75,6 +82,21 @@ def parse_size(text: str) -> int:
     if number < 1:
         raise UsageError(f"size {text!r} is less than one byte: the limit must be positive")
     return int(number)
+
+
+def parse_devices(text: str) -> tuple[str, ...]:
+    """Return the device UUIDs of ``--devices``; raise UsageError for one that is not a UUID.
+
+    A UUID that names no GPU would leave CMD with limits that match no device.
+    """
+    devices = tuple(d.strip() for d in text.split(",") if d.strip())
+    for device in devices:
+        if not _DEVICE_UUID.fullmatch(device):
+            raise UsageError(
+                f"--devices: {device!r} is not a GPU or MIG UUID: write them as "
+                "'nvidia-smi -L' prints them, e.g. GPU-5c3d1a2b-0c1d-4e5f-8a9b-0c1d2e3f4a5b"
+            )
+    return devices
 
 
 def _library_candidates() -> list[str]:
@@ -188,7 +210,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--library",
         metavar="PATH",
         help=f"libvcuda.so to preload; default: ${LIBRARY_ENV}, then this checkout's "
-        "cshim/build, /usr/local/lib/vcuda, /usr/lib/vcuda",
+        f"cshim/build, {os.path.dirname(DEFAULT_LIBRARY)} (where vcuda-node install puts it), "
+        "/usr/local/lib/vcuda, /usr/lib/vcuda",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
     return parser
@@ -203,7 +226,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]
         )
     memory = parse_size(args.memory)
     library = find_library(args.library)
-    devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
+    devices = parse_devices(args.devices)
     base = Path(tempfile.gettempdir())
     _sweep_stale_dirs(base)
     directory = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=base))

@@ -245,6 +245,11 @@ def _mode(container: Container, limits: _Values, keys: tuple[str, str], who: str
     return None
 
 
+# Suffixes of a quantity written as bytes ("10Gi", "8G"): vcuda-memory counts 256 MiB units.
+_BINARY_BYTES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL_BYTES = ("k", "M", "G", "T", "P", "E")
+
+
 def _whole(values: dict[str, Quantity], key: str, who: str, problems: list[str]) -> int | None:
     try:
         return parse_whole_quantity(values[key])
@@ -268,6 +273,13 @@ def _shared_memory(limits: dict[str, Quantity], keys: tuple[str, str], cores: in
     if units < 1:
         problems.append(f"{who}: {memory_key}: {units} must be at least 1 (256 MiB); "
                         "write N in units of 256 MiB (40 = 10 GiB)")
+        return None
+    raw = limits[memory_key]
+    if isinstance(raw, str) and (raw[-1:] in _DECIMAL_BYTES or raw[-2:] in _BINARY_BYTES):
+        meant = max(units // MEMORY_UNIT, 1)
+        problems.append(f"{who}: {memory_key}: {raw} is a byte size, but {memory_key} counts "
+                        f"units of 256 MiB; write {memory_key}: {meant} for "
+                        f"{_gib(meant * MEMORY_UNIT)}")
         return None
     if units > largest:
         problems.append(f"{who}: {memory_key}: {units} ({_gib(units * MEMORY_UNIT)}) is more "

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -132,8 +134,9 @@ def _parser() -> argparse.ArgumentParser:
                     "HTTPS. Logs one JSON line per review on standard output.")
     parser.add_argument("--host", default=None,
                         help="address to listen on (default: all addresses)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help=f"port to listen on (default: {DEFAULT_PORT})")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                        help=f"port to listen on, 1..65535, or 0 for any free one "
+                             f"(default: {DEFAULT_PORT})")
     parser.add_argument("--cert-file", type=Path,
                         help="PEM serving certificate, then any intermediates; reloaded when "
                              "it changes (e.g. tls.crt of a mounted Secret)")
@@ -160,6 +163,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds a client has for a request's head, and again for its "
                              "body; an idle connection is closed after it (default: %(default)s)")
     return parser
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: write 1..65535 (0: any free)")
+    return int(text)
 
 
 def _count(text: str) -> int:
@@ -197,22 +206,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                         max_buffered=args.max_buffered_mib << 20,
                         head_timeout=args.read_timeout, body_timeout=args.read_timeout)
         webhook = WebhookServer(config, certificates, log, args.reload_interval, guards)
-        asyncio.run(_serve(webhook, args.host, args.port, config, log))
-    return 0
+        return asyncio.run(_serve(webhook, args.host, args.port, config, log))
 
 
 async def _serve(webhook: WebhookServer, host: str | None, port: int, config: Config,
-                 log: Any) -> None:
+                 log: Any) -> int:
+    """Serve until SIGINT or SIGTERM; return 0, or 1 when the address cannot be listened on."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signal_number, stop.set)
-    bound = await webhook.start(host, port)
+    try:
+        bound = await webhook.start(host, port)
+    except OSError as exc:  # in use, not an address of this machine, a name that does not resolve
+        where = f"{host or 'all addresses'} port {port}"
+        # asyncio rewords a bind error; the errno's own text is the plain reason.
+        reason = exc.strerror if isinstance(exc, socket.gaierror) or not exc.errno \
+            else os.strerror(exc.errno)
+        print(f"vcuda-webhook: error: cannot listen on {where}: {reason}; give a free --port "
+              "and a --host that is an address of this machine", file=sys.stderr)
+        await webhook.stop()
+        return 1
     log.info("serving", host=host or "all addresses", port=bound,
              domains=list(config.domains), runtime_class=config.runtime_class)
     await stop.wait()
     log.info("stopping")
     await webhook.stop()
+    return 0
 
 
 if __name__ == "__main__":

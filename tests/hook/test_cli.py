@@ -56,6 +56,15 @@ def test_help_explains_the_stages_and_flags_without_waiting_for_stdin() -> None:
         assert word in out
 
 
+@pytest.mark.parametrize("args", [[], ["start"], ["--state-dir", "/run/vcuda"]])
+def test_a_command_line_without_a_stage_is_refused_without_waiting_for_stdin(
+    args: list[str],
+) -> None:
+    result = _hook(args, stdin=None)
+    assert result.returncode == 2
+    assert "expected one stage, prestart or poststop" in result.stderr.decode()
+
+
 def test_container_without_limits_exits_at_once_and_touches_nothing(hook: HookSetup) -> None:
     state = b'{"id":"c1","pid":1,"bundle":"/nonexistent","annotations":{"a":"b"}}'
     result = _hook(["prestart", *_flags(hook)], state)

@@ -35,7 +35,8 @@ def test_the_command_runs_with_the_shim_preloaded_and_a_limits_file(
 ) -> None:
     show = 'cat "$VCUDA_LIMITS_FILE"; echo "preload=$LD_PRELOAD"; echo "pid=$$"'
     result = vcuda_run(
-        "--memory", "4Gi", "--cores", "30", "--devices", "GPU-a,GPU-b", "--", "sh", "-c", show,
+        "--memory", "4Gi", "--cores", "30", "--devices", f"{fake_uuid(0)},{fake_uuid(1)}",
+        "--", "sh", "-c", show,
         env=dict(os.environ, LD_PRELOAD="/lib/other.so"), tmp=tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -45,7 +46,7 @@ def test_the_command_runs_with_the_shim_preloaded_and_a_limits_file(
         "version=1",
         f"memory={4 * GIB}",
         "cores=30",
-        "devices=GPU-a,GPU-b",
+        f"devices={fake_uuid(0)},{fake_uuid(1)}",
         f"account={directory / 'account'}",
     ]
     assert lines[5] == f"preload={LIBRARY}:/lib/other.so"
@@ -114,7 +115,12 @@ def test_sizes_are_read_as_kubernetes_writes_them(size: str, expected: int) -> N
         (["--memory", "4Gi", "--cores", "nan", "--", "true"], "invalid int value: 'nan'"),
         (["--memory", "nan", "--", "true"], "bad size 'nan'"),
         (["--memory", "inf", "--", "true"], "bad size 'inf'"),
-        (["--memory", "4Gi", "--devices", "GPU a", "--", "true"], "holds a character not allowed"),
+        (["--memory", "4Gi", "--devices", "GPU a", "--", "true"],
+         "'GPU a' is not a GPU or MIG UUID"),
+        (["--memory", "4Gi", "--devices", "GPU-typo", "--", "true"],
+         "--devices: 'GPU-typo' is not a GPU or MIG UUID: write them as 'nvidia-smi -L' prints"),
+        (["--memory", "4Gi", "--devices", f"{fake_uuid(0)},0", "--", "true"],
+         "'0' is not a GPU or MIG UUID"),
         (["--memory", "4Gi", "--"], "no command given: write it after '--'"),
         (["--memory", "4Gi"], "no command given"),
         (["--", "true"], "the following arguments are required: --memory"),
@@ -146,6 +152,25 @@ def test_a_missing_library_says_where_it_looked_and_how_to_build_it(
     error = capsys.readouterr().err
     assert "libvcuda.so not found (looked at /nowhere/libvcuda.so)" in error
     assert "make -C cshim" in error
+
+
+@pytest.mark.parametrize("uuid", [
+    "GPU-5c3d1a2b-0c1d-4e5f-8a9b-0c1d2e3f4a5b",
+    "GPU-5C3D1A2B-0C1D-4E5F-8A9B-0C1D2E3F4A5B",
+    "MIG-5c3d1a2b-0c1d-4e5f-8a9b-0c1d2e3f4a5b",
+    "MIG-GPU-5c3d1a2b-0c1d-4e5f-8a9b-0c1d2e3f4a5b/1/0",
+])
+def test_devices_are_taken_as_nvidia_smi_prints_them(uuid: str) -> None:
+    assert run.parse_devices(f" {uuid} ,") == (uuid,)
+
+
+def test_the_library_is_looked_for_where_the_node_installer_puts_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(run.LIBRARY_ENV, raising=False)
+    monkeypatch.setattr(run, "__file__", str(tmp_path / "runtime_hook" / "run.py"))  # no build
+    candidates = run._library_candidates()
+    assert candidates[1] == "/usr/local/vcuda/lib/libvcuda.so"  # after this checkout's build
 
 
 def test_a_command_that_does_not_exist_fails_with_127_and_leaves_nothing(

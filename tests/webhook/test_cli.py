@@ -44,7 +44,9 @@ def test_help_explains_every_flag() -> None:
      "argument --reload-interval: '0' is not a number of seconds more than 0"),
     (("--self-signed", "--reload-interval", "nan"), "argument --reload-interval: 'nan' is not"),
     (("--self-signed", "--reload-interval", "inf"), "argument --reload-interval: 'inf' is not"),
-    (("--self-signed", "--port", "nan"), "argument --port: invalid int value: 'nan'"),
+    (("--self-signed", "--port", "nan"), "argument --port: 'nan' is not a port: write 1..65535"),
+    (("--self-signed", "--port", "99999"), "argument --port: '99999' is not a port"),
+    (("--self-signed", "--port", "-1"), "argument --port: '-1' is not a port"),
 ])
 def test_wrong_flags_are_refused_with_what_to_give(args: tuple[str, ...], message: str) -> None:
     result = run(*args)
@@ -66,6 +68,27 @@ def test_an_unusable_certificate_stops_the_start(tmp_path: Path) -> None:
     result = run("--cert-file", str(tmp_path / "tls.crt"), "--key-file", str(tmp_path / "tls.key"))
     assert result.returncode == 2
     assert "the certificate file holds no PEM certificate" in result.stderr
+
+
+def test_a_port_in_use_stops_the_start_with_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("--self-signed", "--host", "127.0.0.1", "--port", str(port))
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        f"vcuda-webhook: error: cannot listen on 127.0.0.1 port {port}: Address already in use; "
+        "give a free --port and a --host that is an address of this machine")
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("host", ["no-such-host.invalid", "192.0.2.1"])
+def test_a_host_that_is_not_an_address_here_stops_the_start_with_one_line(host: str) -> None:
+    result = run("--self-signed", "--host", host, "--port", "0")
+    assert result.returncode == 1
+    assert f"vcuda-webhook: error: cannot listen on {host} port 0: " in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def free_port() -> int:

@@ -167,6 +167,17 @@ def test_memory_below_one_unit_is_denied(memory: str) -> None:
     assert "must be at least 1 (256 MiB)" in denial(pod(shared("train", memory=memory)))
 
 
+@pytest.mark.parametrize(("memory", "units", "size"), [
+    ("10Gi", 40, "10 GiB"), ("8G", 29, "7.25 GiB"), ("100Mi", 1, "0.25 GiB")])
+def test_memory_written_as_bytes_is_denied_with_the_unit_explained(
+    memory: str, units: int, size: str
+) -> None:
+    message = denial(pod(shared("train", memory=memory)))
+    assert message == (f'container "train": docker.com/vcuda-memory: {memory} is a byte size, '
+                       "but docker.com/vcuda-memory counts units of 256 MiB; write "
+                       f"docker.com/vcuda-memory: {units} for {size}")
+
+
 def test_memory_beyond_the_largest_gpu_is_denied_with_the_largest_allowed() -> None:
     message = denial(pod(shared("train", memory="321")))
     assert message == ('container "train": docker.com/vcuda-memory: 321 (80.25 GiB) is more than '
