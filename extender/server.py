@@ -19,7 +19,7 @@ from extender.service import Extender, Outcome
 from extender.wire import BadArguments
 from webhook.config import Config, ConfigError
 from webhook.logs import make_logger
-from webhook.serving import BodyRefused, Guards, Serving, positive_seconds
+from webhook.serving import BodyRefused, Guards, Serving, positive_seconds, tcp_port
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8888
@@ -103,7 +103,7 @@ def _parser() -> argparse.ArgumentParser:
                     "the pod. Serves POST /filter, /prioritize, /bind (extender API v1, "
                     "nodeCacheCapable: false) and GET /healthz. Logs JSON lines on stdout.")
     parser.add_argument("--host", default=None, help="address to listen on (default: all)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+    parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,
                         help=f"port to listen on (default: {DEFAULT_PORT})")
     parser.add_argument("--strategy", choices=STRATEGIES, default="binpack",
                         help="binpack: fill the fullest GPU and node that fit (default); "

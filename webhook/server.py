@@ -23,7 +23,14 @@ from webhook.logs import make_logger
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.pki import write_self_signed
 from webhook.review import MAX_BODY, body_too_large
-from webhook.serving import DEFAULT_GUARDS, BodyRefused, Guards, Serving, positive_seconds
+from webhook.serving import (
+    DEFAULT_GUARDS,
+    BodyRefused,
+    Guards,
+    Serving,
+    positive_seconds,
+    tcp_port,
+)
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8443
@@ -134,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
                     "HTTPS. Logs one JSON line per review on standard output.")
     parser.add_argument("--host", default=None,
                         help="address to listen on (default: all addresses)")
-    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
+    parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,
                         help=f"port to listen on, 1..65535, or 0 for any free one "
                              f"(default: {DEFAULT_PORT})")
     parser.add_argument("--cert-file", type=Path,
@@ -163,12 +170,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds a client has for a request's head, and again for its "
                              "body; an idle connection is closed after it (default: %(default)s)")
     return parser
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port: write 1..65535 (0: any free)")
-    return int(text)
 
 
 def _count(text: str) -> int:

@@ -341,6 +341,13 @@ class _Libc:
 _LIBC = _Libc()
 
 
+def tcp_port(text: str) -> int:
+    """argparse type: a TCP port, 0..65535 (0: any free one)."""
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: write 1..65535 (0: any free)")
+    return int(text)
+
+
 def positive_seconds(text: str) -> float:
     """argparse type: seconds, more than 0 and finite (NaN and inf would spin or never wake)."""
     try:

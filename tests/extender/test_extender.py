@@ -183,6 +183,14 @@ def test_malformed_arguments_get_400_with_a_message(extender: RunningExtender, p
     assert message in payload.decode()
 
 
+@pytest.mark.parametrize("value", ["70000", "-1", "x"])
+def test_port_must_be_a_tcp_port(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        extender_main(["--port", value])
+    assert done.value.code == 2
+    assert f"argument --port: {value!r} is not a port: write 1..65535" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
 def test_max_age_must_be_a_finite_number_of_seconds(
         value: str, capsys: pytest.CaptureFixture[str]) -> None:
