@@ -214,19 +214,7 @@ def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_
         pending: (pod uid, assignment) of binds written but perhaps not in these annotations.
         ignore: a pod uid not to count (the pod being placed, if a failed bind left it there).
     """
-    annotations = annotations or {}
-    raw = annotations.get(INVENTORY_ANNOTATION)
-    if raw is None:
-        raise Unfit("no vcuda GPU inventory: the vcuda node agent does not run on this node",
-                    final=True)
-    try:
-        inventory, totals, counted = _parsed(raw, annotations.get(LEDGER_ANNOTATION))
-    except PlacementError as exc:
-        raise Unfit(f"{exc}: check the vcuda node agent of this node", final=True) from None
-    age = now - inventory.heartbeat
-    if age > max_age:
-        raise Unfit(f"the vcuda node agent last published this node's GPUs {age:.0f} s ago "
-                    f"(limit {max_age:.0f} s): check its vcuda-node pod", final=True)
+    inventory, totals, counted = _read(annotations, now, max_age)
     gpus = {}
     for gpu in inventory.gpus:
         use = gpus[gpu.uuid] = GpuUse(gpu)
@@ -240,6 +228,56 @@ def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_
             assigned.add(uid)
     assigned.discard(ignore)
     return NodeGpus(name, sorted(gpus.values(), key=lambda g: g.gpu.index), assigned)
+
+
+def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,
+              strategy: str, now: float, max_age: float,
+              pending: Iterable[tuple[str, Assignment]] = (), ignore: str = "") -> Placement:
+    """:func:`place` on :func:`node_gpus` (same arguments), answered from memory when the node's
+    annotations and the demand were seen before and nothing pending or ignored changes them:
+    filter and prioritize ask the same question, and so do pods of one size."""
+    pending = tuple(pending)
+    if not pending:
+        _, _, counted = _read(annotations, now, max_age)
+        if ignore not in counted:
+            assert annotations is not None  # _read raised otherwise
+            answer = _placed(annotations[INVENTORY_ANNOTATION],
+                             annotations.get(LEDGER_ANNOTATION), demand.cores, demand.memory,
+                             demand.whole, strategy)
+            if isinstance(answer, Unfit):
+                raise Unfit(answer.reason, answer.final)
+            return answer
+    return place(node_gpus(name, annotations, now, max_age, pending, ignore), demand, strategy)
+
+
+@lru_cache(maxsize=65536)
+def _placed(inventory_text: str, ledger_text: str | None, cores: int, memory: int, whole: int,
+            strategy: str) -> Placement | Unfit:
+    try:
+        return place(node_gpus("", {INVENTORY_ANNOTATION: inventory_text, **(
+            {LEDGER_ANNOTATION: ledger_text} if ledger_text is not None else {})},
+            float("-inf"), float("inf")), Demand(cores, memory, whole), strategy)
+    except Unfit as unfit:
+        return unfit
+
+
+def _read(annotations: Mapping[str, str] | None, now: float, max_age: float
+          ) -> tuple[Inventory, _Totals, dict[str, Assignment]]:
+    """A node's decoded annotations; raise Unfit (final) when it has no usable, fresh ones."""
+    annotations = annotations or {}
+    raw = annotations.get(INVENTORY_ANNOTATION)
+    if raw is None:
+        raise Unfit("no vcuda GPU inventory: the vcuda node agent does not run on this node",
+                    final=True)
+    try:
+        inventory, totals, counted = _parsed(raw, annotations.get(LEDGER_ANNOTATION))
+    except PlacementError as exc:
+        raise Unfit(f"{exc}: check the vcuda node agent of this node", final=True) from None
+    age = now - inventory.heartbeat
+    if age > max_age:
+        raise Unfit(f"the vcuda node agent last published this node's GPUs {age:.0f} s ago "
+                    f"(limit {max_age:.0f} s): check its vcuda-node pod", final=True)
+    return inventory, totals, counted
 
 
 # (uuid -> (cores, memory, whole, pods)) of a ledger: one decode per distinct annotation.

@@ -20,8 +20,7 @@ from extender.policy import (
     DemandError,
     Placement,
     Unfit,
-    node_gpus,
-    place,
+    placement,
     pod_demand,
 )
 from extender.wire import (
@@ -120,10 +119,10 @@ class Extender:
         extra = [(uid, a) for uid, (a, until) in pending.items() if until > now] if pending \
             else ()
         uid = (args.pod.get("metadata") or {}).get("uid") or ""
-        view = node_gpus(name, annotations, now, self._max_age, extra, ignore=uid)
         if pending:
             self._forget(name, pending, now)
-        return place(view, demand, self._strategy)
+        return placement(name, annotations, demand, self._strategy, now, self._max_age, extra,
+                         ignore=uid)
 
     def _remember(self, node: str, uid: str, assignment: Assignment) -> None:
         self._pending.setdefault(node, {})[uid] = (assignment, self._clock() + PENDING_SECONDS)

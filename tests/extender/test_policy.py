@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from extender.policy import Demand, DemandError, Unfit, node_gpus, place, pod_demand
+from extender.policy import (
+    Demand,
+    DemandError,
+    Unfit,
+    node_gpus,
+    place,
+    placement,
+    pod_demand,
+)
 from runtime_hook.contract import LEDGER_ANNOTATION
 from runtime_hook.placement import Assignment, Entry, encode_ledger
 from tests.extender.cluster import CORE_KEYS, GIB, NOW, gpu_uuid, node_object, pod_object
@@ -126,3 +134,21 @@ def test_binds_not_yet_in_the_ledger_count_and_the_pod_itself_does_not() -> None
     pending = [("other", shared_on(0, 60, 8)), ("self", shared_on(0, 30, 4))]
     gpus = node_gpus("n1", node["metadata"]["annotations"], NOW, 120, pending, ignore="self")
     assert (gpus.gpus[0].cores, gpus.gpus[0].memory) == (60, 8 * GIB)
+
+
+def test_the_remembered_answer_is_the_computed_one_and_pending_binds_still_count() -> None:
+    ledger = {"a": Entry("team/a", int(NOW), shared_on(0, 80, 8))}
+    node = node_object("n1", [16 * GIB, 16 * GIB], annotations={LEDGER_ANNOTATION:
+                                                                encode_ledger(ledger)})
+    annotations = node["metadata"]["annotations"]
+    demand = Demand(20, 4 * GIB, 0)
+    computed = place(node_gpus("n1", annotations, NOW, 120), demand)
+    for _ in range(2):  # the second answer comes from memory
+        remembered = placement("n1", annotations, demand, "binpack", NOW, 120)
+        assert (remembered.assignment, remembered.score) == (computed.assignment,
+                                                             computed.score)
+    pending = [("b", shared_on(0, 20, 4))]
+    assert placement("n1", annotations, demand, "binpack", NOW, 120, pending).assignment \
+        .shared[0] == gpu_uuid("n1", 1)
+    with pytest.raises(Unfit, match="last published"):
+        placement("n1", annotations, demand, "binpack", NOW + 600, 120)
