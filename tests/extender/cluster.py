@@ -121,14 +121,23 @@ class RunningExtender:
         self._log_stream.close()
 
     def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        """POST ``body`` on a connection kept per calling thread, as kube-scheduler keeps one."""
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = self._local.connection = http.client.HTTPConnection(
-                "127.0.0.1", self.port, timeout=60)
-        connection.request("POST", path, body, {"Content-Type": "application/json"})
-        answer = connection.getresponse()
-        return answer.status, answer.read()
+        """POST ``body`` on a connection kept per calling thread, as kube-scheduler keeps one;
+        a connection the server closed meanwhile is opened again, as Go's client does."""
+        for attempt in (1, 2):
+            connection = getattr(self._local, "connection", None)
+            if connection is None:
+                connection = self._local.connection = http.client.HTTPConnection(
+                    "127.0.0.1", self.port, timeout=60)
+            try:
+                connection.request("POST", path, body, {"Content-Type": "application/json"})
+                answer = connection.getresponse()
+                return answer.status, answer.read()
+            except (http.client.HTTPException, OSError):
+                connection.close()
+                self._local.connection = None
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def verb(self, path: str, body: bytes) -> Any:
         status, payload = self.post(path, body)
