@@ -123,7 +123,7 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
 
         driver = dra.Driver(settings.dra, settings.node, settings.host_root, settings.state_dir,
                         settings.memory_scaling, DraApi(settings.kubeconfig), log)
-    nvml = nvml or Nvml()
+    nvml = nvml or Nvml(host_root=settings.host_root)
     observer = Observer(nvml, Problems(log, "metrics"), settings.host_root, settings.state_dir,
                         tuple(settings.run_dirs))
     server, thread = serve(NodeCollector(observer, settings.node, observer.problems),

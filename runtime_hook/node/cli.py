@@ -23,7 +23,7 @@ from runtime_hook.hook_cli import DEFAULT_LIBRARY, DEFAULT_STATE_DIR
 from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.plugin import DEFAULT_KUBELET_DIR
 from runtime_hook.node.logs import LEVELS, event, setup
-from runtime_hook.node.runtime_config import DEFAULT_PREFIX, RUNTIMES
+from runtime_hook.node.runtime_config import DEFAULT_PREFIX, NVIDIA_RUNTIMES, RUNTIMES
 
 if TYPE_CHECKING:  # loaded by run --dra only
     from runtime_hook.node.dra.driver import DraSettings
@@ -123,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--runtime", choices=("auto", *RUNTIMES, "none"), default="auto",
                          help="the node's container runtime; auto: the one whose /etc "
                               "directory exists; none: only the shim and the hook")
+    install.add_argument("--runtime-binary", type=_absolute, metavar="FILE",
+                         help="NVIDIA's container runtime on the node, which the vcuda handler "
+                              "runs (default: the first of " + ", ".join(NVIDIA_RUNTIMES) + ")")
     install.add_argument("--library", metavar="FILE",
                          help="libvcuda.so to install (default: this checkout's cshim build, "
                               "else the image's /usr/local/vcuda/lib/libvcuda.so)")
@@ -215,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         node_config=getattr(args, "node_config", None),
         memory_scaling=getattr(args, "memory_scaling", 1.0),
         restart=args.restart_runtime,
+        runtime_binary=getattr(args, "runtime_binary", None),
     )
     action = install.install if args.command == "install" else install.uninstall
     try:

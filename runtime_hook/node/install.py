@@ -40,6 +40,7 @@ from runtime_hook.node.logs import event
 from runtime_hook.node.runtime_config import CONTAINERD_CONFIG, HookCommand, RuntimeConfigError
 
 RECORD = "installed.json"
+MIN_KERNEL = (5, 12)
 _KINDS = ("runtime_files", "edits", "files", "links", "trees", "dirs")
 _UNITS = {"containerd": "containerd", "crio": "crio"}
 _NODE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -71,27 +72,32 @@ class Options(NamedTuple):
     node_config: str | None
     memory_scaling: float
     restart: bool
+    runtime_binary: str | None = None
+    kernel: str = os.uname().release  # the node's: a container shares its host's kernel
 
 
 def install(options: Options, log: logging.Logger) -> list[str]:
     """Install, or finish or update an earlier install; return the node paths it changed."""
     root = _Root(options.host_root)
     runtime = options.runtime
+    _check_kernel(options.kernel)
     try:
         if runtime == "auto":
             runtime = runtime_config.detect(options.host_root)
         source = runtime_config.source_dir(options.node_config)
         hook = HookCommand(options.prefix, options.state_dir, options.memory_scaling)
+        binary = "" if runtime == "none" else \
+            runtime_config.nvidia_runtime(options.host_root, options.runtime_binary)
         runtime_files = (
             {} if runtime == "none"
-            else runtime_config.files(runtime, options.host_root, source, hook)
+            else runtime_config.files(runtime, options.host_root, source, hook, binary)
         )
         python = _node_python(source)
         main_config = root.read_text(CONTAINERD_CONFIG) if runtime == "containerd" else None
         edited = None
         if main_config is not None:
             edited = runtime_config.edit_containerd_config(main_config, source,
-                                                           options.host_root)
+                                                           options.host_root, binary)
     except RuntimeConfigError as exc:
         raise InstallError(str(exc)) from None
     library = _library(options.library)
@@ -323,6 +329,16 @@ def _in_root(root: _Root, command: list[str]) -> subprocess.CompletedProcess:
                               timeout=120, check=False, env={"PATH": _NODE_PATH})
     except OSError as exc:
         return subprocess.CompletedProcess(command, 127, "", f"{command[0]}: {exc.strerror}")
+
+
+def _check_kernel(release: str) -> None:
+    """Refuse a kernel older than the hook's system calls (mount_setattr came in 5.12)."""
+    numbers = [int(part) for part in release.split("-")[0].split(".")[:2] if part.isdigit()]
+    if len(numbers) == 2 and tuple(numbers) < MIN_KERNEL:
+        raise InstallError(
+            f"the node runs Linux {release}, older than "
+            f"{'.'.join(map(str, MIN_KERNEL))}, whose mount_setattr the hook needs to mount "
+            "the limits read-only: upgrade the node's kernel (README.md, Prerequisites)")
 
 
 def _check_python(root: _Root, python: str, tree_dir: str, log: logging.Logger) -> None:

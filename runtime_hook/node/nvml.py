@@ -8,6 +8,8 @@ A GPU whose queries fail is left out and reported; the others still count.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import threading
 import time
 from typing import Any, NamedTuple
@@ -17,6 +19,14 @@ from runtime_hook.node.logs import Problems
 
 # How old a process's latest utilization sample may be and still count as now.
 UTILIZATION_WINDOW = 2.0
+NVML_LIBRARY = "libnvidia-ml.so.1"
+# Where drivers put NVML on the node: distributions' library directories, the GPU
+# Operator's driver container root, GKE's install directories.
+HOST_LIBRARY_DIRS = (
+    "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu", "/run/nvidia/driver/usr/lib64",
+    "/usr/local/nvidia/lib64", "/home/kubernetes/bin/nvidia/lib64",
+)
 
 
 class NvmlError(NodeError, RuntimeError):
@@ -39,8 +49,11 @@ class GpuState(NamedTuple):
 class Nvml:
     """A thread-safe handle on NVML; ``lib`` is the ``pynvml`` module (or a test double of it)."""
 
-    def __init__(self, lib: Any = None) -> None:
+    def __init__(self, lib: Any = None, host_root: str | None = None) -> None:
+        """``host_root``: where the node's root is mounted; NVML is loaded from there when the
+        container has none (nvidia is not the runtime that started it)."""
         self._lib = lib
+        self._host_root = host_root
         self._lock = threading.Lock()
         self._started = False
 
@@ -129,7 +142,18 @@ class Nvml:
         lib = self._lib
         if not self._started:
             try:
-                lib.nvmlInit()
+                try:
+                    lib.nvmlInit()
+                except lib.NVMLError_LibraryNotFound:
+                    if not self._host_root or not _load_from_host(self._host_root):
+                        raise
+                    lib.nvmlInit()  # pynvml's dlopen by soname now finds the node's library
+            except lib.NVMLError_LibraryNotFound as exc:
+                if not self._host_root:
+                    raise NvmlError(f"NVML cannot start: {exc}") from None
+                raise NvmlError(
+                    f"NVML cannot start: {NVML_LIBRARY} is neither in this container nor in the "
+                    f"node's {', '.join(HOST_LIBRARY_DIRS)}: install the NVIDIA driver") from None
             except lib.NVMLError as exc:
                 raise NvmlError(f"NVML cannot start: {exc}") from None
             self._started = True
@@ -153,3 +177,31 @@ class Nvml:
         if isinstance(uuid, bytes):  # nvidia-ml-py before 11.515 returned bytes
             uuid = uuid.decode()
         return GpuState(index, uuid, memory.total, memory.used, utilization)
+
+
+def _load_from_host(host_root: str) -> bool:
+    """Load the node's NVML into this process; True when one was found and loaded.
+
+    Loaded globally under its soname, so that ``pynvml``'s own
+    ``dlopen("libnvidia-ml.so.1")`` gets this library rather than searching.
+    """
+    for directory in HOST_LIBRARY_DIRS:
+        path = _in_root(host_root, f"{directory}/{NVML_LIBRARY}")
+        if path is None:
+            continue
+        with contextlib.suppress(OSError):
+            ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+            return True
+    return False
+
+
+def _in_root(host_root: str, node_path: str, links: int = 8) -> str | None:
+    """``node_path`` of the node as a path here, absolute links taken inside ``host_root``."""
+    path = os.path.join(host_root, node_path.lstrip("/"))
+    for _ in range(links):
+        if not os.path.islink(path):
+            return path if os.path.isfile(path) else None
+        target = os.readlink(path)
+        path = os.path.join(host_root, target.lstrip("/")) if target.startswith("/") \
+            else os.path.join(os.path.dirname(path), target)
+    return None

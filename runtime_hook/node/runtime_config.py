@@ -47,6 +47,11 @@ _CRIO_HOOKS = ("crio-vcuda-prestart.json", "crio-vcuda-poststop.json")
 _DEFAULT_RUNC = ('[plugins."{plugin}".containerd.runtimes.runc]\n'
                  '  runtime_type = "io.containerd.runc.v2"')
 _MARK = "# added by vcuda-node install; vcuda-node uninstall removes this line"
+# Where NVIDIA's container runtime is found: its packages, the GPU Operator's toolkit.
+NVIDIA_RUNTIMES = ("/usr/bin/nvidia-container-runtime",
+                   "/usr/local/nvidia/toolkit/nvidia-container-runtime",
+                   "/usr/local/bin/nvidia-container-runtime")
+_BINARY_KEYS = re.compile(r'(?m)^(\s*(?:BinaryName|runtime_path)\s*=\s*)"[^"\n]*"')
 _SHARE = "/usr/local/share/vcuda/node"  # where the image keeps manifests/node
 _CHECKOUT = Path(__file__).resolve().parents[2] / "manifests" / "node"
 
@@ -89,7 +94,26 @@ def detect(host_root: str) -> str:
     return found[0]
 
 
-def files(runtime: str, host_root: str, source: Path, hook: HookCommand) -> dict[str, bytes]:
+def nvidia_runtime(host_root: str, explicit: str | None = None) -> str:
+    """The node path of NVIDIA's container runtime: ``explicit``, else the first one found."""
+    for candidate in [explicit] if explicit else NVIDIA_RUNTIMES:
+        if os.path.lexists(os.path.join(host_root, candidate.lstrip("/"))):
+            return candidate
+    if explicit:
+        raise RuntimeConfigError(f"--runtime-binary {explicit}: no such file on the node")
+    raise RuntimeConfigError(
+        f"NVIDIA's container runtime is not on this node (looked at {', '.join(NVIDIA_RUNTIMES)}):"
+        " install the NVIDIA Container Toolkit, or name it with --runtime-binary")
+
+
+def _with_binary(text: str, binary: str) -> str:
+    """``manifests/node``'s handler text running ``binary`` (containerd's BinaryName, CRI-O's
+    runtime_path)."""
+    return _BINARY_KEYS.sub(lambda m: f'{m.group(1)}"{binary}"', text)
+
+
+def files(runtime: str, host_root: str, source: Path, hook: HookCommand,
+          binary: str) -> dict[str, bytes]:
     """The runtime's files of this install, by host path (containerd's ``config.toml`` aside:
     see :func:`edit_containerd_config`)."""
     if runtime == "containerd":
@@ -104,9 +128,9 @@ def files(runtime: str, host_root: str, source: Path, hook: HookCommand) -> dict
                          for stage, entries in spec["hooks"].items()}
         found = {BASE_SPEC: _json(spec)}
         if version == 3:
-            found[CONTAINERD_DROP_IN] = handler(source, config).encode()
+            found[CONTAINERD_DROP_IN] = handler(source, config, binary).encode()
         return found
-    found = {CRIO_CONF: (source / "crio-vcuda.conf").read_bytes()}
+    found = {CRIO_CONF: _with_binary((source / "crio-vcuda.conf").read_text(), binary).encode()}
     for name in _CRIO_HOOKS:
         document = json.loads((source / name).read_text())
         document["hook"] = render_hook(document["hook"], hook)
@@ -114,11 +138,11 @@ def files(runtime: str, host_root: str, source: Path, hook: HookCommand) -> dict
     return found
 
 
-def handler(source: Path, config: str) -> str:
+def handler(source: Path, config: str, binary: str) -> str:
     """``manifests/node``'s containerd handler for the main configuration text ``config``, with
-    the cgroup driver of the node's default runtime."""
+    the cgroup driver of the node's default runtime, running NVIDIA's runtime ``binary``."""
     version = containerd_version(config)
-    text = (source / _CONTAINERD_FILES[version]).read_text()
+    text = _with_binary((source / _CONTAINERD_FILES[version]).read_text(), binary)
     systemd = "true" if _systemd_cgroup(_toml(config), version) else "false"
     rendered = re.sub(r"(?m)^(\s*SystemdCgroup\s*=\s*)\S+", rf"\g<1>{systemd}", text)
     if _vcuda_runtime(_toml(rendered), version) is None:  # a bug in manifests/node, not the node
@@ -127,7 +151,8 @@ def handler(source: Path, config: str) -> str:
     return rendered
 
 
-def edit_containerd_config(config: str, source: Path, host_root: str) -> str | None:
+def edit_containerd_config(config: str, source: Path, host_root: str,
+                           binary: str) -> str | None:
     """containerd's main configuration text as install leaves it, or None if it needs no change.
 
     Version 2 gets the handler's lines (each marked), replacing those an
@@ -144,7 +169,7 @@ def edit_containerd_config(config: str, source: Path, host_root: str) -> str | N
         raise RuntimeConfigError(
             f"{CONTAINERD_CONFIG} already has a vcuda runtime that vcuda-node did "
             "not add: remove it, then install again")
-    text = handler(source, config)
+    text = handler(source, config, binary)
     lines = [line for line in text.splitlines()
              if line.strip() and not line.lstrip().startswith("#")
              and not re.match(r"\s*version\s*=", line)]

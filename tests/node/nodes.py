@@ -74,8 +74,10 @@ class Node:
         return {path: (mode, uid, body) for path, (mode, uid, _, body) in found.items()}
 
 
-def make_node(root: Path, python: bool = True) -> Node:
-    """A root with ``sh``, a recording ``systemctl`` and, if ``python``, ``/usr/bin/python3``."""
+def make_node(root: Path, python: bool = True,
+              nvidia_runtime: str | None = "/usr/bin/nvidia-container-runtime") -> Node:
+    """A root with ``sh``, a recording ``systemctl``, NVIDIA's runtime at ``nvidia_runtime``
+    and, if ``python``, ``/usr/bin/python3``."""
     for directory in ("usr/bin", "var/log", *_LIBRARY_DIRS):
         (root / directory).mkdir(parents=True, exist_ok=True)
     for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
@@ -83,6 +85,10 @@ def make_node(root: Path, python: bool = True) -> Node:
     shutil.copy2(BUSYBOX, root / "usr/bin/sh")
     (root / "usr/bin/systemctl").write_text(_SYSTEMCTL)
     (root / "usr/bin/systemctl").chmod(0o755)
+    if nvidia_runtime:  # the handler runs it; install looks for it, never runs it
+        (root / nvidia_runtime.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (root / nvidia_runtime.lstrip("/")).write_text("#!/bin/sh\n")
+        (root / nvidia_runtime.lstrip("/")).chmod(0o755)
     if python:
         shutil.copy2(os.path.realpath("/usr/bin/python3"), root / "usr/bin/python3")
     return Node(root)

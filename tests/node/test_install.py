@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 import tomllib
 
 from runtime_hook.hook_cli import parse_args
-from runtime_hook.node import hook_files
+from runtime_hook.node import hook_files, install
 from tests.node.nodes import REPO, Node, make_node
 
 NODE_CONFIG = REPO / "manifests" / "node"
@@ -387,6 +388,65 @@ def test_a_node_with_both_or_no_runtime_must_name_it(tmp_path: Path, node: Node,
            "--runtime containerd or --runtime crio")
     empty = make_node(tmp_path / "empty")
     _fails(_install(empty, library), "neither /etc/containerd nor /etc/crio")
+
+
+def test_a_node_without_nvidias_runtime_is_refused_before_anything_is_written(
+    tmp_path: Path, library: Path
+) -> None:
+    bare = make_node(tmp_path / "bare", nvidia_runtime=None)
+    bare.write("/etc/containerd/config.toml", "version = 2\n")
+    before = bare.tree()
+    _fails(_install(bare, library), "NVIDIA's container runtime is not on this node (looked at "
+           "/usr/bin/nvidia-container-runtime, /usr/local/nvidia/toolkit/nvidia-container-runtime"
+           ", /usr/local/bin/nvidia-container-runtime): install the NVIDIA Container Toolkit, or "
+           "name it with --runtime-binary")
+    assert bare.tree() == before
+
+
+def test_the_gpu_operators_runtime_is_found_and_run_by_the_handler(
+    tmp_path: Path, library: Path
+) -> None:
+    operator = make_node(tmp_path / "operator",
+                         nvidia_runtime="/usr/local/nvidia/toolkit/nvidia-container-runtime")
+    operator.write("/etc/containerd/config.toml", "version = 2\n")
+    _ok(_install(operator, library))
+    config = tomllib.loads(operator.path("/etc/containerd/config.toml").read_text())
+    vcuda = config["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vcuda"]
+    assert vcuda["options"]["BinaryName"] == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+
+
+def test_a_runtime_binary_named_by_flag_is_used_and_must_exist(node: Node, library: Path) -> None:
+    _fails(_install(node, library, "--runtime-binary", "/opt/nv/runtime"),
+           "--runtime-binary /opt/nv/runtime: no such file on the node")
+    node.write("/opt/nv/runtime", "#!/bin/sh\n")
+    _ok(_install(node, library, "--runtime-binary", "/opt/nv/runtime"))
+    assert 'BinaryName = "/opt/nv/runtime"' in node.path("/etc/containerd/config.toml").read_text()
+
+
+def test_crio_runs_the_runtime_found(tmp_path: Path, library: Path) -> None:
+    crio = make_node(tmp_path / "crio",
+                     nvidia_runtime="/usr/local/nvidia/toolkit/nvidia-container-runtime")
+    crio.path("/etc/crio").mkdir(parents=True)
+    _ok(_install(crio, library))
+    conf = tomllib.loads(crio.path("/etc/crio/crio.conf.d/90-vcuda.conf").read_text())
+    [runtime] = conf["crio"]["runtime"]["runtimes"].values()
+    assert runtime["runtime_path"] == "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+
+
+@pytest.mark.parametrize("release", ["5.11.0-1-amd64", "4.18.0-553.el8_10.x86_64"])
+def test_a_kernel_older_than_5_12_is_refused_before_anything_is_written(
+    node: Node, library: Path, release: str
+) -> None:
+    before = node.tree()
+    options = install.Options(host_root=str(node.root), prefix=PREFIX, state_dir="/run/vcuda",
+                              runtime="auto", library=str(library), node_config=None,
+                              memory_scaling=1.0, restart=True, kernel=release)
+    with pytest.raises(install.InstallError) as refused:
+        install.install(options, logging.getLogger("test"))
+    assert str(refused.value) == (
+        f"the node runs Linux {release}, older than 5.12, whose mount_setattr the hook needs to "
+        "mount the limits read-only: upgrade the node's kernel (README.md, Prerequisites)")
+    assert node.tree() == before
 
 
 def test_a_missing_library_is_named(node: Node, tmp_path: Path) -> None:

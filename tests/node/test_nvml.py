@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from runtime_hook.node.logs import Problems
 from runtime_hook.node.nvml import UTILIZATION_WINDOW, GpuState, Nvml, NvmlError
 from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
+from tests.shim.harness import BUILD, REPO
+
+FAKE_NVML = BUILD / "tests" / "libnvidia-ml.so.1"
 
 
 @pytest.fixture
@@ -91,3 +98,40 @@ def test_close_stops_nvml_and_the_next_call_starts_it_again(problems: Problems) 
     with pytest.raises(lib.NVMLError_Uninitialized):
         lib.nvmlDeviceGetCount()
     assert len(nvml.gpus(problems)) == 1 and lib.inits == 2
+
+
+_PROBE = """
+import logging, sys
+from runtime_hook.node.logs import Problems
+from runtime_hook.node.nvml import Nvml, NvmlError
+try:
+    print(Nvml(host_root=sys.argv[1] or None).process_memory(0))
+except NvmlError as exc:
+    print(exc)
+"""
+
+
+def _probe(host_root: str, gpu_state: Path) -> str:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+           "VCUDA_FAKE_STATE": str(gpu_state), "VCUDA_FAKE_GPUS": "16384,16384"}
+    done = subprocess.run([sys.executable, "-c", _PROBE, host_root], env=env,
+                          capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def test_the_agent_loads_the_nodes_nvml_when_its_container_has_none(
+    shim_build: None, tmp_path: Path
+) -> None:
+    # A node whose driver library is a link, as drivers install it, to an absolute path.
+    host = tmp_path / "host"
+    (host / "usr/lib64").mkdir(parents=True)
+    shutil.copy(FAKE_NVML, host / "usr/lib64/libnvidia-ml.so.580.1")
+    (host / "usr/lib64/libnvidia-ml.so.1").symlink_to("/usr/lib64/libnvidia-ml.so.580.1")
+    assert _probe(str(host), tmp_path / "gpu") == "{}"  # NVML answers: no process on GPU 0
+
+
+def test_without_nvml_here_or_on_the_node_the_agent_says_where_it_looked(tmp_path: Path) -> None:
+    message = _probe(str(tmp_path), tmp_path / "gpu")
+    assert message.startswith("NVML cannot start: libnvidia-ml.so.1 is neither in this container "
+                              "nor in the node's /usr/lib/x86_64-linux-gnu")
+    assert message.endswith(": install the NVIDIA driver")
