@@ -1,6 +1,6 @@
 """The ``resource.k8s.io/v1`` endpoints the DRA driver uses, on the common fake API server.
 
-``GET`` of namespaced ResourceClaims; ``GET``, ``POST`` and ``PUT`` of
+``GET`` of nodes and of namespaced ResourceClaims; ``GET``, ``POST`` and ``PUT`` of
 ResourceSlices, as the API does them: a create of an existing name is 409
 AlreadyExists, an update with a stale ``resourceVersion`` is 409 Conflict,
 every written slice must validate strictly against the Kubernetes schema
@@ -26,6 +26,7 @@ NODE_AGENT = "system:serviceaccount:vcuda-system:vcuda-node"
 GROUP = "resource.k8s.io"
 PREFIX = f"/apis/{GROUP}/v1"
 SCHEMA_VERSION = "1.34"
+_NODE = re.compile(r"/api/v1/nodes/([^/]+)")
 _CLAIM = re.compile(rf"{PREFIX}/namespaces/([^/]+)/resourceclaims/([^/]+)")
 _SLICES = re.compile(rf"{PREFIX}/resourceslices(?:/([^/]+))?")
 
@@ -53,8 +54,18 @@ class FakeDraApi(FakeKubeApi):
         metadata = claim["metadata"]
         self.put(claim_path(metadata["namespace"], metadata["name"]), claim)
 
+    def add_node(self, name: str) -> str:
+        """Register the Node ``name``; return its UID."""
+        path = f"/api/v1/nodes/{name}"
+        self.put(path, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+        return str(self.objects[path]["metadata"]["uid"])
+
     def route(self, method: str, path: str, content_type: str,
               body: bytes) -> tuple[int, dict[str, Any]]:
+        node = _NODE.fullmatch(path)
+        if node and method == "GET":
+            self.authorize("get", "", "nodes", None, node.group(1))
+            return 200, self.read(path, "nodes", node.group(1))
         claim = _CLAIM.fullmatch(path)
         if claim and method == "GET":
             namespace, name = claim.groups()

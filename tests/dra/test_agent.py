@@ -59,8 +59,10 @@ def test_the_agent_publishes_its_slice_serves_kubelet_and_leaves_no_socket_when_
         published = dra_api.get(slice_path(f"{NODE}-vcuda.io"))
         assert published is not None
         assert len(published["spec"]["devices"]) == 2
-        # --dra offers the GPUs as a slice, not as the node's extended resources.
-        assert not [r for r in dra_api.requests if r.path.startswith("/api/v1/nodes")]
+        # --dra offers the GPUs as a slice, not as the node's extended resources: the node
+        # is read (it owns the slice), never written.
+        assert {(r.method, r.path) for r in dra_api.requests
+                if r.path.startswith("/api/v1/nodes")} == {("GET", f"/api/v1/nodes/{NODE}")}
     finally:
         kubelet.close()
         stop.set()

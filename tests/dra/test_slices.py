@@ -107,6 +107,20 @@ def test_publishing_repairs_a_slice_someone_else_changed(
     assert dra_api.get(path)["spec"]["devices"][0]["capacity"]["cores"]["value"] == "100"
 
 
+def test_the_node_owns_the_slice_the_driver_publishes(dra_node: DraNode) -> None:
+    stored = dra_node.api.get(slice_path(slice_name(NODE)))
+    node = dra_node.api.get(f"/api/v1/nodes/{NODE}")
+    assert stored["metadata"]["ownerReferences"] == [{
+        "apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"],
+        "controller": True}]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_slice_with_its_owner_validates_strictly(version: str) -> None:
+    body = resource_slice(NODE, [H100], 1.0, 1, node_uid="5e0b6f5c-2d7a-4b8e-9f31-0c1d2e3f4a5b")
+    kubernetes_validate.validate(body, version, strict=True)
+
+
 def test_fields_the_api_server_adds_are_no_reason_to_write_again(
         dra_api: FakeDraApi, tmp_path: Path) -> None:
     api = _api(dra_api, tmp_path)
@@ -143,5 +157,6 @@ def test_the_driver_reports_a_slice_it_cannot_write_and_keeps_running(
     [record] = [r for r in caplog.records if r.fields.get("source") == "resourceslice"]
     assert record.fields["reason"].startswith(
         "not allowed to get resourceslice gpu-node-1-vcuda.io: ")
-    assert record.fields["reason"].endswith("; fix: grant it with manifests/dra/rbac.yaml (get "
-                                            "resourceclaims; get, create, update resourceslices)")
+    assert record.fields["reason"].endswith(
+        "; fix: grant it with manifests/dra/rbac.yaml (get resourceclaims; get, create, update "
+        "resourceslices) and manifests/node-rbac.yaml (get nodes)")

@@ -38,6 +38,7 @@ class Driver:
         self._scaling = scaling
         self._api = api
         self._log = log
+        self._node_uid: str | None = None  # read once: the Node owns the slice
         paths = Paths(host_root=host_root, state_dir=state_dir, cdi_dir=settings.cdi_dir,
                       library=settings.library, account_mib=settings.account_mib)
         preparer = Preparer(paths, pool=node, scaling=scaling, gpu_kind=settings.gpu_cdi_kind)
@@ -62,7 +63,9 @@ class Driver:
                 continue
             models.append(GpuModel(gpu.uuid, gpu.index, gpu.memory, product, capability))
         try:
-            done = publish(self._api, self._node, models, self._scaling)
+            if self._node_uid is None:
+                self._node_uid = self._api.node_uid(self._node)
+            done = publish(self._api, self._node, models, self._scaling, self._node_uid)
         except DraApiError as exc:
             problems.report("resourceslice", f"node {self._node}", with_fix(exc))
             return

@@ -10,7 +10,7 @@ from runtime_hook.hook_errors import NodeError
 from runtime_hook.node.advertise import AdvertiseError, api_client
 
 _FIX_RBAC = ("grant it with manifests/dra/rbac.yaml (get resourceclaims; get, create, update "
-             "resourceslices)")
+             "resourceslices) and manifests/node-rbac.yaml (get nodes)")
 
 
 class DraApiError(NodeError, RuntimeError):
@@ -26,9 +26,17 @@ class DraApi:
         from kubernetes import client
 
         try:
-            self._api = client.ResourceV1Api(api_client(kubeconfig))
+            connection = api_client(kubeconfig)
         except AdvertiseError as exc:
             raise DraApiError(str(exc), exc.fix) from None
+        self._api = client.ResourceV1Api(connection)
+        self._core = client.CoreV1Api(connection)
+
+    def node_uid(self, name: str) -> str:
+        """The UID of the Node ``name``."""
+        node = self._json(f"get node {name}", lambda: self._core
+                          .read_node(name, _preload_content=False))
+        return str(node["metadata"]["uid"])
 
     def claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The ResourceClaim ``namespace/name`` as JSON."""

@@ -9,31 +9,33 @@ from runtime_hook.node.dra.kube import DraApi
 from runtime_hook.node.dra.slices import GpuModel, resource_slice, slice_name
 
 
-def publish(api: DraApi, node: str, gpus: Iterable[GpuModel], scaling: float) -> str | None:
+def publish(api: DraApi, node: str, gpus: Iterable[GpuModel], scaling: float,
+            node_uid: str | None = None) -> str | None:
     """Make ``node``'s slice offer ``gpus``; return what was done ("created", "updated") or None.
 
-    The pool's generation goes up by one with every change, as the scheduler requires.
+    The pool's generation goes up by one with every change, as the scheduler requires; with
+    ``node_uid`` the Node owns the slice.
     """
     gpus = list(gpus)
     current = api.slice(slice_name(node))
     if current is None:
-        api.create_slice(resource_slice(node, gpus, scaling, generation=1))
+        api.create_slice(resource_slice(node, gpus, scaling, 1, node_uid))
         return "created"
     generation = int(current["spec"]["pool"].get("generation", 0))
-    wanted = resource_slice(node, gpus, scaling, generation)
+    wanted = resource_slice(node, gpus, scaling, generation, node_uid)
     if _same(current, wanted):
         return None
-    wanted = resource_slice(node, gpus, scaling, generation + 1)
+    wanted = resource_slice(node, gpus, scaling, generation + 1, node_uid)
     wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
     api.replace_slice(wanted)
     return "updated"
 
 
 def _same(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """Whether ``current`` holds all of ``wanted``'s labels and spec; fields the API server
-    added (defaults) do not count as a change."""
-    return _holds(current["metadata"].get("labels") or {}, wanted["metadata"]["labels"]) \
-        and _holds(current["spec"], wanted["spec"])
+    """Whether ``current`` holds all of ``wanted``'s labels, owner and spec; fields the API
+    server added (defaults) do not count as a change."""
+    metadata = {k: v for k, v in wanted["metadata"].items() if k != "name"}
+    return _holds(current["metadata"], metadata) and _holds(current["spec"], wanted["spec"])
 
 
 def _holds(current: Any, wanted: Any) -> bool:

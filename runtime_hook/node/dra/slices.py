@@ -92,14 +92,21 @@ def devices(gpus: Iterable[GpuModel], scaling: float) -> list[dict[str, Any]]:
     return found
 
 
-def resource_slice(node: str, gpus: Iterable[GpuModel], scaling: float,
-                   generation: int) -> dict[str, Any]:
-    """``node``'s whole ResourceSlice object, its pool at ``generation``."""
+def resource_slice(node: str, gpus: Iterable[GpuModel], scaling: float, generation: int,
+                   node_uid: str | None = None) -> dict[str, Any]:
+    """``node``'s whole ResourceSlice object, its pool at ``generation``.
+
+    With ``node_uid`` the Node owns the slice: deleting the node deletes it.
+    """
+    metadata: dict[str, Any] = {"name": slice_name(node),
+                                "labels": {"app.kubernetes.io/part-of": "vcuda"}}
+    if node_uid:
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node,
+                                        "uid": node_uid, "controller": True}]
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
-        "metadata": {"name": slice_name(node),
-                     "labels": {"app.kubernetes.io/part-of": "vcuda"}},
+        "metadata": metadata,
         "spec": {
             "driver": DRIVER,
             "nodeName": node,
