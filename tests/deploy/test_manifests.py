@@ -19,6 +19,15 @@ from runtime_hook.contract import (
     SHARED_RESOURCE,
     WHOLE_RESOURCE,
 )
+from runtime_hook.hook_cli import DEFAULT_STATE_DIR
+from runtime_hook.node.runtime_config import (
+    BASE_SPEC,
+    CONTAINERD_CONFIG,
+    CONTAINERD_DROP_IN,
+    CRIO_CONF,
+    CRIO_HOOKS_DIR,
+    DEFAULT_PREFIX,
+)
 from tests.deploy.manifests import (
     KUBERNETES_VERSION,
     ROOT,
@@ -334,12 +343,31 @@ def test_node_daemonset_installs_then_runs_the_agent_on_the_host_root() -> None:
     assert install["command"] == ["vcuda-node", "install", "--host-root", "/host"]
     assert agent["command"] == ["vcuda-node", "run", "--host-root", "/host"]
     assert install["securityContext"]["privileged"] is True
-    [volume] = spec["volumes"]
-    assert volume["hostPath"]["path"] == "/"
-    for container in (install, agent):
-        assert {"name": volume["name"], "mountPath": "/host"}.items() <= \
-            container["volumeMounts"][0].items()
     assert spec["serviceAccountName"] == "vcuda-node"
+
+
+def _host_mounts(container: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """Each mount of a host path: where, from which node path, and whether it is writable."""
+    volumes = {v["name"]: v["hostPath"]["path"]
+               for v in find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]["volumes"]}
+    return {m["mountPath"]: (volumes[m["name"]], not m.get("readOnly", False))
+            for m in container["volumeMounts"]}
+
+
+def test_the_node_pods_see_the_host_read_only_and_write_only_where_install_and_the_agent_write(
+) -> None:
+    spec = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]
+    [install] = spec["initContainers"]
+    [agent] = spec["containers"]
+    assert _host_mounts(install) == {"/host": ("/", False), "/host/etc": ("/etc", True),
+                                     "/host/usr/local/vcuda": (DEFAULT_PREFIX, True)}
+    assert _host_mounts(agent) == {"/host": ("/", False),
+                                   "/host/run/vcuda": (DEFAULT_STATE_DIR, True)}
+    for node_path in (BASE_SPEC, CONTAINERD_CONFIG, CONTAINERD_DROP_IN, CRIO_CONF,
+                      CRIO_HOOKS_DIR, f"{DEFAULT_PREFIX}/lib/libvcuda.so"):
+        assert node_path.startswith(("/etc/", DEFAULT_PREFIX + "/")), node_path
+    for container in (install, agent):  # install makes no mounts; the agent none outside DRA
+        assert all(m.get("mountPropagation") != "Bidirectional" for m in container["volumeMounts"])
 
 
 def test_device_plugin_config_advertises_shared_replicas_as_the_shared_resource() -> None:
