@@ -36,7 +36,7 @@ from tests.deploy.manifests import (
     find,
     manifest_files,
 )
-from webhook.config import Config
+from webhook.config import Config, load_config
 
 NAMESPACE = "vcuda-system"
 
@@ -237,6 +237,19 @@ def test_webhook_probes_health_and_readiness_over_https() -> None:
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
 
 
+def test_webhook_reads_its_settings_from_the_config_map_it_mounts(tmp_path: Any) -> None:
+    [container] = find("Deployment", "vcuda-webhook")["spec"]["template"]["spec"]["containers"]
+    [path] = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--config=")]
+    [mount] = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    volumes = find("Deployment", "vcuda-webhook")["spec"]["template"]["spec"]["volumes"]
+    [volume] = [v for v in volumes if v["name"] == mount["name"]]
+    data = find("ConfigMap", volume["configMap"]["name"])["data"]
+    (tmp_path / "config.json").write_text(data[path.rsplit("/", 1)[1]])
+    config = load_config(tmp_path / "config.json")  # the webhook's own check of the file
+    assert config.domains == Config().domains  # the matchConditions name these domains
+    assert config.max_gpu_memory == 80 << 30
+
+
 def test_webhook_runs_unprivileged_with_a_read_only_root() -> None:
     spec = _webhook_pod()["spec"]
     [container] = spec["containers"]
@@ -251,10 +264,10 @@ def test_webhook_runs_unprivileged_with_a_read_only_root() -> None:
 def test_webhook_mounts_the_serving_pair_as_a_directory_without_the_ca_key() -> None:
     spec = _webhook_pod()["spec"]
     [container] = spec["containers"]
-    [volume] = spec["volumes"]
+    [volume] = [v for v in spec["volumes"] if "secret" in v]
     assert volume["secret"]["secretName"] == _certs_flag("ensure", "--secret")
     assert sorted(i["key"] for i in volume["secret"]["items"]) == ["tls.crt", "tls.key"]
-    [mount] = container["volumeMounts"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
     assert "subPath" not in mount  # a subPath mount never sees the kubelet's updates
     assert f"--cert-file={mount['mountPath']}/tls.crt" in container["args"]
     assert f"--key-file={mount['mountPath']}/tls.key" in container["args"]
