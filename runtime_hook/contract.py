@@ -36,24 +36,9 @@ from __future__ import annotations
 
 import os
 
-from runtime_hook import fast_json
+# Defined beside the hook's errors so that poststop, which reads no contract, can raise them.
+from runtime_hook.hook_errors import VcudaError
 from runtime_hook.record import Record
-
-
-class VcudaError(Exception):
-    """What went wrong (the message) and how to fix it (``fix``): the shape of vcuda's errors.
-
-    Each package has one root below this one: ``runtime_hook.hook_errors.NodeError``,
-    ``webhook.errors.WebhookError`` and ``demo.steps.DemoError``. A class may set the ``fix``
-    that fits all its errors; a raise may give its own.
-    """
-
-    fix = ""
-
-    def __init__(self, message: str = "", fix: str = "") -> None:
-        super().__init__(message)
-        if fix:
-            self.fix = fix
 
 
 class ContractError(VcudaError, ValueError):
@@ -138,6 +123,8 @@ def container_limits(value: str, container: str) -> tuple[int, int] | None:
 
     Raise ContractError when the value, or the container's entry, breaks the format.
     """
+    from runtime_hook import fast_json  # prestart has it already; poststop never reads JSON
+
     try:
         table = fast_json.loads(value)
     except ValueError as exc:
@@ -310,6 +297,8 @@ def read_inventory(path: str) -> dict[str, Gpu] | None:
         return None
     except OSError as exc:
         raise InventoryError(f"GPU inventory {path} cannot be read: {exc.strerror}") from None
+    from runtime_hook import fast_json
+
     try:
         body = fast_json.loads(text)
         if body["version"] != INVENTORY_VERSION:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 
-from runtime_hook.contract import INVENTORY_NAME, memory_scaling
 from runtime_hook.hook_errors import UsageError
 from runtime_hook.hook_log import LEVELS
 
@@ -43,6 +42,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _memory_scaling(text: str) -> float:
+    # Imported only here and for the inventory's path: poststop needs no contract.
+    from runtime_hook.contract import memory_scaling
+
+    return memory_scaling(text)
+
+
 def _level(text: str) -> str:
     if text not in LEVELS:
         raise ValueError(f"{text!r} is not one of {', '.join(LEVELS)}")
@@ -63,12 +69,12 @@ _OPTIONS: dict[str, tuple] = {
         "inventory",
         str,
         None,
-        f"GPU inventory written by the node agent (default STATE_DIR/{INVENTORY_NAME}); "
+        "GPU inventory written by the node agent (default STATE_DIR/{inventory}); "
         "without it GPU memory is not checked",
     ),
     "--memory-scaling": (
         "memory_scaling",
-        memory_scaling,
+        _memory_scaling,
         1.0,
         "share of each GPU's memory that limited containers may commit, 1.5 to overcommit",
     ),
@@ -90,17 +96,27 @@ class Flags:
         self.stage = stage
         self.state_dir: str = values["state_dir"]
         self.library: str = values["library"]
-        self.inventory: str = values["inventory"] or os.path.join(self.state_dir, INVENTORY_NAME)
+        self._inventory: str | None = values["inventory"]
         self.memory_scaling: float = values["memory_scaling"]
         self.account_mib: int = values["account_mib"]
         self.log_file: str = values["log_file"] or os.path.join(self.state_dir, "hook.log")
         self.log_level: str = values["log_level"]
 
+    @property
+    def inventory(self) -> str:
+        """The GPU inventory's path: --inventory, else the node agent's file in the state dir."""
+        from runtime_hook.contract import INVENTORY_NAME
+
+        return self._inventory or os.path.join(self.state_dir, INVENTORY_NAME)
+
 
 def help_text() -> str:
     """What ``--help`` prints."""
+    from runtime_hook.contract import INVENTORY_NAME
+
     lines = [USAGE, "", _ABOUT, "options:"]
     for flag, (_, _, default, text) in _OPTIONS.items():
+        text = text.format(inventory=INVENTORY_NAME)
         shown = f" (default {default})" if default is not None else ""
         lines.append(f"  {flag} VALUE\n      {text}{shown}")
     return "\n".join(lines) + "\n"

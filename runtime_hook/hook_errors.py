@@ -1,5 +1,8 @@
 """The errors of runtime_hook (the hook, the node agent, vcuda-run): their root, and the hook's.
 
+Also the shape of every vcuda error, :class:`VcudaError`, which the contract exports: it lives
+here so that poststop, which reads no contract, loads only this small module.
+
 Every error the package raises on purpose is a :class:`NodeError`: its message
 says what went wrong, its ``fix`` what to do. Classes that callers catch as a
 built-in error (``ValueError`` for bad input, ``RuntimeError`` for a failed
@@ -9,7 +12,24 @@ one line a user reads in the pod's events.
 
 from __future__ import annotations
 
-from runtime_hook.contract import VcudaError
+
+class VcudaError(Exception):
+    """What went wrong (the message) and how to fix it (``fix``): the shape of vcuda's errors.
+
+    Exported by :mod:`runtime_hook.contract`, which every component imports it from.
+
+    Each package has one root below this one: ``runtime_hook.hook_errors.NodeError``,
+    ``webhook.errors.WebhookError``, ``extender.errors.ExtenderError`` and
+    ``demo.steps.DemoError``. A class may set the ``fix``
+    that fits all its errors; a raise may give its own.
+    """
+
+    fix = ""
+
+    def __init__(self, message: str = "", fix: str = "") -> None:
+        super().__init__(message)
+        if fix:
+            self.fix = fix
 
 
 class NodeError(VcudaError):
