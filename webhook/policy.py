@@ -166,12 +166,31 @@ def _review_container(container: Container, limits: _Values, requests: _Values,
         findings.patch.add(f"{resources_path}limits/{token}", str(count))
     if requests and keys[0] in requests and backend not in requests:
         findings.patch.add(f"{resources_path}requests/{token}", str(count))
+    _canonical_domain(limits, requests, keys, resources_path, who, config, findings)
     findings.uses_gpus = True
     if shares is not None:
         if container.name in findings.limits:
             problems.append(f'{who}: the name "{container.name}" is used by two containers; '
                             "give each container its own name")
         findings.limits[container.name] = shares
+
+
+def _canonical_domain(limits: _Values, requests: _Values, keys: tuple[str, str],
+                      resources_path: str, who: str, config: Config,
+                      findings: _Findings) -> None:
+    """Move vcuda resources of another accepted domain to the first one, which alone is
+    advertised and accounted: a node's GPUs are not counted once per domain."""
+    canonical = config.vcuda_keys[0][1:]
+    if keys == canonical:
+        return
+    for field, values in (("limits", limits), ("requests", requests)):
+        for key, target in zip(keys, canonical):
+            if values and key in values:
+                findings.patch.remove(f"{resources_path}{field}/{pointer_token(key)}")
+                findings.patch.add(f"{resources_path}{field}/{pointer_token(target)}",
+                                   str(values[key]))
+    findings.warnings.append(f"{who}: {keys[0]} and {keys[1]} were written as {canonical[0]} and "
+                             f"{canonical[1]}, the names vcuda accounts")
 
 
 def _vcuda_keys(limits: _Values, requests: _Values, config: Config, who: str,

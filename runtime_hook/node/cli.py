@@ -153,8 +153,10 @@ def _parser() -> argparse.ArgumentParser:
     agent.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME",
                        help="this node's name in Kubernetes (default: $NODE_NAME)")
     agent.add_argument("--domain", action="append", metavar="DOMAIN",
-                       help="resource domain to advertise, repeatable (default: the "
-                            f"webhook's default domains, {' and '.join(DEFAULT_DOMAINS)})")
+                       help="resource domain to advertise (default: the webhook's first, "
+                            f"{DEFAULT_DOMAINS[0]}, to which it moves the others it accepts); "
+                            "repeatable, but each domain gets every GPU: a node given two "
+                            "can be filled twice")
     agent.add_argument("--memory-scaling", type=_scaling, default=1.0, metavar="X",
                        help="advertise each GPU's memory times X, as install gave the hook "
                             "(default: 1)")
@@ -249,7 +251,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging
             parser.error("run: --node-name (or $NODE_NAME) is needed to advertise; "
                          "--no-advertise runs without Kubernetes")
         try:
-            domains = check_domains(tuple(args.domain)) if args.domain else DEFAULT_DOMAINS
+            domains = check_domains(tuple(args.domain)) if args.domain else DEFAULT_DOMAINS[:1]
         except ContractError as exc:
             parser.error(f"run: --domain: domains: {exc}")
     settings = agent.Settings(

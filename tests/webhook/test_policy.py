@@ -82,9 +82,19 @@ def test_init_containers_in_shared_mode_get_their_own_entry() -> None:
     assert init_limits["nvidia.com/gpu.shared"] == "1"
 
 
-def test_tencent_domain_is_accepted_by_default() -> None:
-    result = patched(pod(shared("train", domain="tencent.com")))
+def test_tencent_domain_is_accepted_and_written_as_the_one_domain_vcuda_accounts() -> None:
+    asked = pod(shared("train", domain="tencent.com", requests={"tencent.com/vcuda-core": "30"}))
+    result = patched(asked)
     assert limits_annotation(result) == {"train": {"cores": 30, "memory": 10 * GIB}}
+    resources = result["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {"cpu": "1", "docker.com/vcuda-core": "30",
+                                   "docker.com/vcuda-memory": "40", "nvidia.com/gpu.shared": "1"}
+    assert resources["requests"] == {"docker.com/vcuda-core": "30", "nvidia.com/gpu.shared": "1"}
+    assert create(asked).warnings == ("container \"train\": tencent.com/vcuda-core and "
+                                      "tencent.com/vcuda-memory were written as "
+                                      "docker.com/vcuda-core and docker.com/vcuda-memory, the "
+                                      "names vcuda accounts",)
+    assert create(result) == Decision(allowed=True)  # a second pass changes nothing
 
 
 def test_configured_domains_replace_the_defaults() -> None:
