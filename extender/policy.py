@@ -10,7 +10,7 @@ other way round.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -228,6 +228,18 @@ def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_
             assigned.add(uid)
     assigned.discard(ignore)
     return NodeGpus(name, sorted(gpus.values(), key=lambda g: g.gpu.index), assigned)
+
+
+def recorded(annotations: Mapping[str, str] | None) -> Collection[str]:
+    """The pod uids a node's ledger holds (none when it has no usable ledger)."""
+    annotations = annotations or {}
+    raw = annotations.get(INVENTORY_ANNOTATION)
+    if raw is None:
+        return ()
+    try:
+        return _parsed(raw, annotations.get(LEDGER_ANNOTATION))[2]
+    except PlacementError:
+        return ()
 
 
 def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,

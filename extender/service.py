@@ -10,7 +10,7 @@ scheduler tries that pod again; it never over-commits, since bind checks the sto
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import msgspec
 
@@ -22,6 +22,7 @@ from extender.policy import (
     Unfit,
     placement,
     pod_demand,
+    recorded,
 )
 from extender.wire import (
     ExtenderArgs,
@@ -116,20 +117,22 @@ class Extender:
                demand: Demand) -> Placement:
         now = self._clock()
         pending = self._pending.get(name)
-        extra = [(uid, a) for uid, (a, until) in pending.items() if until > now] if pending \
-            else ()
-        uid = (args.pod.get("metadata") or {}).get("uid") or ""
+        extra: list[tuple[str, Assignment]] = []
         if pending:
-            self._forget(name, pending, now)
+            # A bind seen in the node's ledger is counted from there: forget it, or it would
+            # count again once its pod ends and the line is pruned.
+            self._forget(name, pending, now, recorded(annotations))
+            extra = [(uid, a) for uid, (a, _) in pending.items()]
+        uid = (args.pod.get("metadata") or {}).get("uid") or ""
         return placement(name, annotations, demand, self._strategy, now, self._max_age, extra,
                          ignore=uid)
 
     def _remember(self, node: str, uid: str, assignment: Assignment) -> None:
         self._pending.setdefault(node, {})[uid] = (assignment, self._clock() + PENDING_SECONDS)
 
-    def _forget(self, node: str, pending: dict, now: float) -> None:
-        """Drop binds old enough for every scheduler to have seen them in the node's ledger."""
-        for uid in [u for u, (_, until) in pending.items() if until <= now]:
+    def _forget(self, node: str, pending: dict, now: float, seen: Collection[str]) -> None:
+        """Drop binds the node's ledger shows, and binds too old to be still unseen."""
+        for uid in [u for u, (_, until) in pending.items() if until <= now or u in seen]:
             del pending[uid]
         if not pending:
             del self._pending[node]

@@ -218,3 +218,17 @@ def test_credentials_from_a_kubeconfig_authenticate_to_the_api(api: FakeClusterA
             await kube.close()
 
     assert asyncio.run(read())["metadata"]["name"] == "n"
+
+
+def test_room_of_a_pod_bound_then_deleted_comes_back_once_its_ledger_line_is_pruned(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    add(api, node_object("n", [16 * GIB]))
+    first = add(api, pod_object("first", 60, 10))[0]
+    assert bind(extender, first, "n") == ""
+    later = pod_object("later", 60, 10)
+    seen = extender.verb("/filter", extender_args(later, [stored_node(api, "n")]))
+    assert seen["nodes"]["items"] == []  # the first pod holds the room
+    pruned = stored_node(api, "n")
+    pruned["metadata"]["annotations"][LEDGER_ANNOTATION] = '{"version":1,"pods":{}}'
+    again = extender.verb("/filter", extender_args(later, [pruned]))
+    assert [n["metadata"]["name"] for n in again["nodes"]["items"]] == ["n"]

@@ -38,6 +38,7 @@ from tests.node.fake_kubelet import StartError
 from tests.node.gpu_node import GpuNode
 
 MAX_AGE = 3600.0  # the agents publish every pass; staleness is tested elsewhere
+LEDGER_GRACE = 2.0  # seconds a ledger line waits for its pod (a minute on a real node)
 
 
 @dataclass
@@ -123,7 +124,7 @@ class Simulation:
             name = f"gpu-{index:03d}"
             size = scenario.gpu_sizes[index % 2]
             self.nodes[name] = GpuNode(api, root / name, name, [size] * scenario.gpus_per_node,
-                                       str(kubeconfig), self._log, ledger_grace=2.0)
+                                       str(kubeconfig), self._log, ledger_grace=LEDGER_GRACE)
         for node in self.nodes.values():
             node.ready()
         self.extenders = [self._extender(i) for i in range(2)]
@@ -165,6 +166,10 @@ class Simulation:
                     restarted_agents = True
                 self.check()
                 self._delete_some()
+            self._schedule_until_settled(binds)
+            # As kube-scheduler retries its unschedulable pods when the cluster changes: once
+            # the agents have pruned the lines of the last pods deleted, once more.
+            self._settle_ledgers()
             self._schedule_until_settled(binds)
             self.check()
         finally:
@@ -370,13 +375,18 @@ class Simulation:
         self.report.largest_free_gib = sum(blocks) / len(blocks) / GIB if blocks else 0.0
         self.report.idle_gpus = sum(1 for view in views for gpu in view.gpus if gpu.idle)
 
-    def _views(self) -> list[NodeGpus]:
+    def _settle_ledgers(self) -> None:
+        """Let every agent prune the lines of pods deleted last (after the ledger's grace)."""
+        time.sleep(LEDGER_GRACE + 0.1)
         for node in self.nodes.values():
-            node.agent_pass()  # prune the lines of pods deleted last
-        time.sleep(2.1)  # the ledger's grace for lines without a pod
-        views = []
-        for name, node in self.nodes.items():
             node.agent_pass()
+        with self._lock:
+            self._queue.extend(self._unschedulable)
+            self._unschedulable.clear()
+
+    def _views(self) -> list[NodeGpus]:
+        views = []
+        for name in self.nodes:
             stored = self.api.get(f"/api/v1/nodes/{name}")
             views.append(node_gpus(name, stored["metadata"].get("annotations"), time.time(),
                                    MAX_AGE))
