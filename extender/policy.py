@@ -20,8 +20,12 @@ from runtime_hook.contract import (
     INVENTORY_ANNOTATION,
     LEDGER_ANNOTATION,
     LIMITS_ANNOTATION,
+    SHARES,
     WHOLE_RESOURCE,
+    ContractError,
     Gpu,
+    entry_limits,
+    limits_table,
 )
 from runtime_hook.placement import (
     Assignment,
@@ -92,23 +96,18 @@ def pod_demand(pod: Mapping[str, Any], core_keys: Iterable[str]) -> Demand:
     cores, memory, whole = (max(a, b) for a, b in zip(running, largest_init))
     if cores >= CORES_PER_GPU:
         raise DemandError(f"the pod's shared containers ask for {cores}% of one GPU together, "
-                          "more than a share (1..99); give them fewer cores, or whole GPUs")
+                          f"more than a share ({SHARES}); give them fewer cores, or whole GPUs")
     return Demand(cores, memory, whole)
 
 
 def _shares(raw: str | None) -> dict[str, Any]:
     if raw is None:
         return {}
-    import json
-
     try:
-        table = json.loads(raw)
-    except ValueError:
-        table = None
-    if not isinstance(table, dict):
+        return limits_table(raw)
+    except ContractError:
         raise DemandError(f"the pod's {LIMITS_ANNOTATION} annotation is not a JSON object; it "
-                          "is written by the vcuda webhook: recreate the pod through it")
-    return table
+                          "is written by the vcuda webhook: recreate the pod through it") from None
 
 
 def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
@@ -128,13 +127,16 @@ def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
         return 0, 0, 0
     if cores >= CORES_PER_GPU and cores % CORES_PER_GPU == 0:
         return 0, 0, cores // CORES_PER_GPU
-    entry = shares.get(name)
-    if not isinstance(entry, dict) or not _positive(entry.get("cores")) \
-            or not _positive(entry.get("memory")):
+    try:
+        entry = entry_limits(shares, name)
+    except ContractError:
+        entry = None
+    if entry is None:
         raise DemandError(f'container "{name}" shares a GPU but has no valid entry in '
                           f"{LIMITS_ANNOTATION}; that annotation is written by the vcuda "
                           "webhook: recreate the pod through it")
-    return entry["cores"], entry["memory"], 0
+    cores, memory = entry
+    return cores, memory, 0
 
 
 class GpuUse:
@@ -388,10 +390,6 @@ def _no_share_reason(node: NodeGpus, demand: Demand) -> str:
                                              g.free_memory / max(demand.memory, 1)),
                                          -g.gpu.index))
     return f"{wanted} ({best.describe()}, the closest)"
-
-
-def _positive(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _gib(size: int) -> str:

@@ -25,6 +25,8 @@ at module level.
 - ``vcuda-run``'s private directory (``vcuda-run`` → node agent):
   ``$TMPDIR/vcuda-run-*/`` holding ``owner`` and ``limits``.
 - RFC 6901 escaping of resource and annotation names in JSON Patch paths.
+- Log lines (webhook, extender, node agent): one JSON object a line whose
+  ``time``, ``level`` and ``event`` :func:`log_line` writes, the same in each.
 - Per-GPU placement (node agent, scheduler extender, device plugin, hook): the
   Node annotations ``vcuda.io/gpus`` (inventory and heartbeat) and
   ``vcuda.io/gpu-ledger``, the Pod annotation ``vcuda.io/assigned-gpus``, and the
@@ -38,7 +40,17 @@ import os
 
 # Defined beside the hook's errors so that poststop, which reads no contract, can raise them.
 from runtime_hook.hook_errors import VcudaError
+
+# Every component's log lines (field names, time format); beside the hook's log for poststop.
+from runtime_hook.hook_log import EVENT_FIELD as EVENT_FIELD
+from runtime_hook.hook_log import LEVEL_FIELD as LEVEL_FIELD
+from runtime_hook.hook_log import TIME_FIELD as TIME_FIELD
+from runtime_hook.hook_log import log_line as log_line
 from runtime_hook.record import Record
+
+TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 
 class ContractError(VcudaError, ValueError):
@@ -123,6 +135,14 @@ def container_limits(value: str, container: str) -> tuple[int, int] | None:
 
     Raise ContractError when the value, or the container's entry, breaks the format.
     """
+    return entry_limits(limits_table(value), container)
+
+
+def limits_table(value: str) -> dict:
+    """The annotation's ``value`` decoded, entries by container; ContractError if not an object.
+
+    Entries are checked one by one, by :func:`entry_limits`, when a container's is read.
+    """
     from runtime_hook import fast_json  # prestart has it already; poststop never reads JSON
 
     try:
@@ -131,6 +151,14 @@ def container_limits(value: str, container: str) -> tuple[int, int] | None:
         raise ContractError(f"annotation {LIMITS_ANNOTATION} is not JSON ({exc})") from None
     if not isinstance(table, dict):
         raise ContractError(f"annotation {LIMITS_ANNOTATION} is not a JSON object")
+    return table
+
+
+def entry_limits(table: Mapping, container: str) -> tuple[int, int] | None:
+    """``container``'s (cores, memory) in a decoded annotation; None without an entry.
+
+    Raise ContractError when the entry breaks the format.
+    """
     entry = table.get(container)
     if entry is None:
         return None

@@ -1,8 +1,16 @@
-"""The hook's log: one line per event appended to a file, so that a quiet success leaves a trace.
+"""Log lines: the fields and the time every vcuda log line carries, and the hook's own log.
 
-A runtime shows a hook's stderr only when the hook fails, and then the user
-should read one line; everything else goes here. Writing the log never fails
-a container.
+The webhook and the scheduler extender (JSON lines, through structlog) and the
+node agent with its device plugin and DRA driver (JSON lines, through
+``logging``) build each line with :func:`log_line`, so that every component
+names and formats its time, level and event the same way; the contract exports
+them. They live here so that poststop, which reads no contract, loads nothing
+more for its log.
+
+The hook's log is text: one line per event appended to a file, so that a quiet
+success leaves a trace. A runtime shows a hook's stderr only when the hook
+fails, and then the user should read one line; everything else goes here.
+Writing the log never fails a container.
 """
 
 from __future__ import annotations
@@ -11,8 +19,53 @@ import os
 import sys
 import time
 
+TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
 LEVELS = ("debug", "info", "warning", "error")
 _ROTATE_AT = 1 << 20  # bytes; one older file (.1) is kept
+
+# The field names of a JSON log line, whichever component writes it.
+TIME_FIELD = "time"  # ISO 8601, UTC, milliseconds: 2025-01-31T12:00:00.250Z
+LEVEL_FIELD = "level"  # debug, info, warning, error or critical
+EVENT_FIELD = "event"  # what happened, in snake_case: "review", "resourceslice_created"
+_LEVEL_NAMES = {"warn": "warning", "exception": "error", "fatal": "critical"}
+
+
+class _Clock:
+    """Formats a time as :data:`TIME_FIELD` holds it; the date and the second once a second."""
+
+    def __init__(self) -> None:
+        self._second = (-1, "")  # one tuple: threads that log at once never mix two seconds
+
+    def __call__(self, now: float) -> str:
+        second, text = self._second
+        whole = int(now)
+        if whole != second:
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+            self._second = (whole, text)
+        return f"{text}.{int((now - whole) * 1000):03d}Z"
+
+
+log_time = _Clock()
+
+
+def log_line(level: str, fields: Mapping[str, Any], now: float) -> dict[str, Any]:
+    """The object of one JSON log line: its time and level, then ``fields`` (``event`` first).
+
+    Args:
+        level: the level name as the logging library has it (``warn`` and
+            ``exception`` are written ``warning`` and ``error``).
+        fields: the event and its keys; ``time`` and ``level`` are not theirs to set.
+        now: the time of the event, seconds since the epoch.
+    """
+    line: dict[str, Any] = {TIME_FIELD: log_time(now), LEVEL_FIELD: _LEVEL_NAMES.get(level, level)}
+    if EVENT_FIELD in fields:
+        line[EVENT_FIELD] = fields[EVENT_FIELD]
+    line.update((key, value) for key, value in fields.items() if key not in line)
+    return line
 
 
 class HookLog:
@@ -38,7 +91,7 @@ class HookLog:
     def _write(self, level: int, message: str) -> None:
         if level < self._min:
             return
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        stamp = log_time(time.time())
         line = f"{stamp} vcuda-hook[{os.getpid()}] {LEVELS[level].upper()} {self.tag}: {message}\n"
         if self._path == "-":
             sys.stderr.write(line)

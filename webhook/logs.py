@@ -14,8 +14,9 @@ from typing import Any, BinaryIO
 import msgspec
 import structlog
 
+from runtime_hook.contract import log_line
+
 _ENCODER = msgspec.json.Encoder()
-_MILLISECONDS = [f".{ms:03d}Z" for ms in range(1000)]  # cheaper than formatting each time
 
 
 class LineWriter:
@@ -73,28 +74,15 @@ def _flush_at_exit() -> None:
         writer.flush()
 
 
-class _Render:
-    """The one processor: adds level and an ISO 8601 UTC timestamp, then encodes JSON."""
-
-    def __init__(self) -> None:
-        self._second = -1
-        self._prefix = ""
-
-    def __call__(self, _: Any, method: str, event: MutableMapping[str, Any]) -> bytes:
-        now = time.time()
-        second = int(now)
-        if second != self._second:  # format the date and time once a second
-            self._second = second
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        event["level"] = "warning" if method == "warn" else method
-        event["timestamp"] = self._prefix + _MILLISECONDS[int((now - second) * 1000)]
-        return _ENCODER.encode(event)
+def _render(_: Any, method: str, event: MutableMapping[str, Any]) -> bytes:
+    """The one processor: the contract's log line (time, level, then the event), as JSON."""
+    return _ENCODER.encode(log_line(method, event, time.time()))
 
 
 def make_logger(stream: BinaryIO) -> Any:
     """Return a structlog logger that writes JSON lines (INFO and above) to ``stream``."""
     return structlog.wrap_logger(
         LineWriter(stream),
-        processors=[_Render()],
+        processors=[_render],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
     ).bind()  # the bound logger itself, not a proxy that builds it on each call

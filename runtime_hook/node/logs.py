@@ -5,22 +5,21 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from collections import Counter
 from typing import Any
 
+from runtime_hook.contract import EVENT_FIELD, log_line
+from runtime_hook.hook_log import LEVELS as LEVELS  # --log-level takes the hook's levels
+
 LOGGER = "vcuda-node"
-LEVELS = ("debug", "info", "warning", "error")
 
 
 class _JsonLines(logging.Formatter):
+    """The contract's log line (time, level, event, then the event's fields), as JSON."""
+
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created)),
-            "level": record.levelname.lower(),
-            "event": record.getMessage(),
-        }
-        line.update(getattr(record, "fields", {}))
+        fields = {EVENT_FIELD: record.getMessage(), **getattr(record, "fields", {})}
+        line = log_line(record.levelname.lower(), fields, record.created)
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str)

@@ -78,7 +78,7 @@ def test_ensure_writes_the_ca_into_cabundle_then_creates_the_secret(
     assert verifies(_secret_file(server, "tls.crt"), _bundle(server), datetime.now(timezone.utc))
     logs = _logs(capsys)
     assert [e["event"] for e in logs] == ["bootstrap", "certificates_in_order", "finished"]
-    assert all(e["level"] == "info" and e["command"] == "ensure" and "timestamp" in e
+    assert all(e["level"] == "info" and e["command"] == "ensure" and "time" in e
                for e in logs)
 
 

@@ -63,6 +63,23 @@ def test_a_shared_container_without_the_webhooks_annotation_is_an_error_naming_i
         pod_demand(pod, CORE_KEYS)
 
 
+@pytest.mark.parametrize("entry", ['{"cores": 100, "memory": 1}', '{"cores": 30, "memory": "1"}',
+                                   '{"cores": true, "memory": 1}', '{"cores": 30}'])
+def test_an_entry_the_hook_would_refuse_is_an_error_naming_the_container(entry: str) -> None:
+    # The contract reads the annotation for both, so the extender places no pod the hook refuses.
+    pod = pod_object("p", cores=30, memory_gib=10)
+    pod["metadata"]["annotations"]["vcuda.io/limits"] = f'{{"share": {entry}}}'
+    with pytest.raises(DemandError, match='container "share" shares a GPU but has no valid entry'):
+        pod_demand(pod, CORE_KEYS)
+
+
+def test_an_annotation_that_is_not_a_json_object_is_an_error() -> None:
+    pod = pod_object("p", cores=30, memory_gib=10)
+    pod["metadata"]["annotations"]["vcuda.io/limits"] = "[1]"
+    with pytest.raises(DemandError, match=r"annotation is not a JSON object"):
+        pod_demand(pod, CORE_KEYS)
+
+
 def test_shares_of_one_pod_that_add_up_to_a_whole_gpu_are_refused() -> None:
     pod = pod_object("p", cores=60, memory_gib=1)
     pod["spec"]["containers"].append(pod["spec"]["containers"][0] | {"name": "second"})

@@ -261,7 +261,7 @@ def test_every_decision_is_logged_as_json_with_uid_namespace_pod_and_reason(
     assert patched["decision"] == "patched"
     assert patched["reason"].startswith("patched /spec/containers/0/resources/limits/")
     assert patched["level"] == "info"
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", patched["timestamp"])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", patched["time"])
     assert (denied["pod"], denied["decision"]) == ("named", "denied")
     assert "is neither a share" in denied["reason"]
     assert (invalid["decision"], invalid["level"]) == ("invalid", "warning")
