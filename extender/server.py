@@ -17,9 +17,10 @@ from extender.kube import Credentials, Kube, KubeError
 from extender.policy import STRATEGIES
 from extender.service import Extender, Outcome
 from extender.wire import BadArguments
+from runtime_hook.contract import positive_seconds
 from webhook.config import Config, ConfigError
 from webhook.logs import make_logger
-from webhook.serving import BodyRefused, Guards, Serving, positive_seconds, tcp_port
+from webhook.serving import BodyRefused, Guards, Serving, tcp_port
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8888

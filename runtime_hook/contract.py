@@ -50,7 +50,7 @@ from runtime_hook.record import Record
 
 TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 
 class ContractError(VcudaError, ValueError):
@@ -104,6 +104,35 @@ def memory_scaling(text: str) -> float:
     if not 0 < value <= MEMORY_SCALING_MAX:
         raise ContractError(f"{text!r} is not a number in (0, {MEMORY_SCALING_MAX:g}], e.g. 1.5")
     return value
+
+
+def number_flag(
+    unit: str = "", low: float = 0.0, low_allowed: bool = False
+) -> Callable[[str], float]:
+    """An argparse type for a number of ``unit`` above ``low`` (or from it, ``low_allowed``).
+
+    Finite only: NaN or inf seconds would spin a loop or never wake it. Every
+    command and script of vcuda parses its durations and rates with one of these.
+    """
+    bound = f", at least {low:g}" if low_allowed else f" more than {low:g}"
+    wanted = f"a number of {unit}{bound}" if unit else f"a number{bound}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (low <= value if low_allowed else low < value) or value == float("inf"):
+            import argparse  # only to refuse: the hook reads this module and has no argparse
+
+            raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}")
+        return value
+
+    parse.__name__ = wanted  # what argparse names the type in its other messages
+    return parse
+
+
+positive_seconds = number_flag("seconds")
 
 
 def pointer_token(name: str) -> str:

@@ -32,6 +32,7 @@ TIME_FIELD = "time"  # ISO 8601, UTC, milliseconds: 2025-01-31T12:00:00.250Z
 LEVEL_FIELD = "level"  # debug, info, warning, error or critical
 EVENT_FIELD = "event"  # what happened, in snake_case: "review", "resourceslice_created"
 _LEVEL_NAMES = {"warn": "warning", "exception": "error", "fatal": "critical"}
+_HEAD = dict.fromkeys((TIME_FIELD, LEVEL_FIELD, EVENT_FIELD))
 
 
 class _Clock:
@@ -61,10 +62,11 @@ def log_line(level: str, fields: Mapping[str, Any], now: float) -> dict[str, Any
         fields: the event and its keys; ``time`` and ``level`` are not theirs to set.
         now: the time of the event, seconds since the epoch.
     """
-    line: dict[str, Any] = {TIME_FIELD: log_time(now), LEVEL_FIELD: _LEVEL_NAMES.get(level, level)}
-    if EVENT_FIELD in fields:
-        line[EVENT_FIELD] = fields[EVENT_FIELD]
-    line.update((key, value) for key, value in fields.items() if key not in line)
+    line = {**_HEAD, **fields}  # the head's keys first, in this order
+    line[TIME_FIELD] = log_time(now)
+    line[LEVEL_FIELD] = _LEVEL_NAMES.get(level, level)
+    if line[EVENT_FIELD] is None:
+        del line[EVENT_FIELD]
     return line
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import pytest
@@ -17,7 +18,9 @@ from runtime_hook.contract import (
     container_limits,
     is_dns_subdomain,
     memory_scaling,
+    number_flag,
     parse_limits,
+    positive_seconds,
     render_limits,
     render_limits_annotation,
 )
@@ -98,6 +101,21 @@ def test_memory_scaling_takes_a_number_in_0_to_100(text: str, value: float) -> N
 def test_memory_scaling_outside_0_to_100_is_refused(text: str) -> None:
     with pytest.raises(ContractError, match=f"{text!r} is not a number in \\(0, 100\\], e.g. 1.5"):
         memory_scaling(text)
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "0", "-1", "", "x"])
+def test_a_duration_flag_refuses_what_is_not_a_finite_number_above_0(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError,
+                       match=f"^{re.escape(repr(text))} is not a number of seconds more than 0$"):
+        positive_seconds(text)
+
+
+def test_a_number_flag_takes_finite_numbers_from_its_bound_when_allowed() -> None:
+    warmup = number_flag("seconds", 0, low_allowed=True)
+    assert (warmup("0"), warmup("1.5"), positive_seconds("1e-3")) == (0.0, 1.5, 0.001)
+    for text in ("nan", "inf", "-0.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a number of seconds, at least 0"):
+            warmup(text)
 
 
 def test_render_then_parse_gives_back_the_same_limits() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from runtime_hook.contract import positive_seconds
 from webhook.admission import Answer, admit, refuse
 from webhook.config import Config, ConfigError, load_config
 from webhook.logs import make_logger
@@ -28,7 +29,6 @@ from webhook.serving import (
     BodyRefused,
     Guards,
     Serving,
-    positive_seconds,
     tcp_port,
 )
 from webhook.tls import CertificateError, CertificateReloader

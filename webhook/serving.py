@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
-import math
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -346,14 +345,3 @@ def tcp_port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port: write 1..65535 (0: any free)")
     return int(text)
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type: seconds, more than 0 and finite (NaN and inf would spin or never wake)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds more than 0")
-    return value

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ from runtime_hook.contract import (
     ContractError,
     check_domains,
     memory_scaling,
+    number_flag,
 )
 from runtime_hook.hook_cli import DEFAULT_LIBRARY, DEFAULT_STATE_DIR
 from runtime_hook.node.dra import cdi
@@ -63,16 +63,6 @@ def _scaling(text: str) -> float:
         return memory_scaling(text)
     except ContractError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 1 <= value < math.inf:  # NaN fails every comparison: refused too
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, at least 1")
-    return value
 
 
 def _mib(text: str) -> int:
@@ -163,7 +153,8 @@ def _parser() -> argparse.ArgumentParser:
     agent.add_argument("--address", default="0.0.0.0", help="metrics address (default: all)")
     agent.add_argument("--port", type=_port, default=DEFAULT_PORT,
                        help=f"metrics port (default: {DEFAULT_PORT})")
-    agent.add_argument("--interval", type=_seconds, default=30.0, metavar="SECONDS",
+    agent.add_argument("--interval", type=number_flag("seconds", 1, low_allowed=True),
+                       default=30.0, metavar="SECONDS",
                        help="how often the GPUs are read and the node checked (default: 30)")
     agent.add_argument("--vcuda-run-dir", action="append", default=[], type=_absolute,
                        metavar="DIR", help="also observe vcuda-run commands that keep their "

@@ -1,0 +1,37 @@
+"""The scripts refuse a duration or a rate that is not a finite number above its bound, with one
+line naming the flag, before they build, start or measure anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+FLAGS = [
+    ("bench-pacing", "--seconds"),
+    ("bench-webhook", "--seconds"),
+    ("bench-webhook", "--rate"),
+    ("bench-webhook-memory", "--hold"),
+    ("bench-workloads", "--seconds"),
+    ("bench-workloads", "--warmup"),
+    ("bench-workloads", "--timeout"),
+    ("gpu-node-check", "--seconds"),
+    ("simulate-placement", "--agent-every"),
+    ("simulate-placement", "--delete-ratio"),
+]
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+@pytest.mark.parametrize(("script", "flag"), FLAGS, ids=[" ".join(f) for f in FLAGS])
+def test_a_number_flag_of_a_script_refuses_nan_inf_and_negatives(
+    script: str, flag: str, value: str
+) -> None:
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / script), flag, value],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert f"argument {flag}: {value!r} is not a number" in result.stderr
+    assert result.stdout == ""
