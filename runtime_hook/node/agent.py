@@ -126,8 +126,9 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
     nvml = nvml or Nvml(host_root=settings.host_root)
     observer = Observer(nvml, Problems(log, "metrics"), settings.host_root, settings.state_dir,
                         tuple(settings.run_dirs))
-    server, thread = serve(NodeCollector(observer, settings.node, observer.problems),
-                           settings.address, settings.port)
+    collector = NodeCollector(observer, settings.node, observer.problems,
+                              driver.claim_stats if driver is not None else None)
+    server, thread = serve(collector, settings.address, settings.port)
     event(log, logging.INFO, "serving", address=settings.address, port=server.server_port,
           node=settings.node, advertise=settings.advertise)
     advertiser = Advertiser(nvml, settings, status, log, driver)

@@ -1,11 +1,13 @@
-"""The agent's Prometheus endpoint: gauges of each container and each GPU, built at every scrape."""
+"""The agent's Prometheus endpoint: gauges of each container, each GPU and (with ``--dra``) the
+claims of each GPU, built at every scrape."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -14,6 +16,9 @@ from prometheus_client.registry import Collector
 
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.node.observe import Observer, Snapshot
+
+if TYPE_CHECKING:
+    from runtime_hook.node.dra.driver import ClaimStats
 
 CONTAINER_LABELS = ("namespace", "pod", "container", "node", "gpu", "uuid")
 GPU_LABELS = ("node", "gpu", "uuid")
@@ -44,8 +49,10 @@ _GPU = {
 _GPU_SUMS = ("memory_limit_bytes", "core_limit_ratio", "containers")  # over its containers
 
 
-def families(snapshot: Snapshot, node: str, errors: Counter[str]) -> list[Metric]:
-    """The metric families of ``snapshot`` on ``node``, with ``errors`` counted by source."""
+def families(snapshot: Snapshot, node: str, errors: Counter[str],
+             claims: ClaimStats | None = None) -> list[Metric]:
+    """The metric families of ``snapshot`` on ``node``, with ``errors`` counted by source,
+    and the DRA plugin's ``claims`` when it runs."""
     per_container = {
         key: GaugeMetricFamily(f"vcuda_container_{key}", text, labels=CONTAINER_LABELS)
         for key, text in _CONTAINER.items()
@@ -91,27 +98,59 @@ def families(snapshot: Snapshot, node: str, errors: Counter[str]) -> list[Metric
     )
     for source, count in sorted(errors.items()):
         failures.add_metric([source], count)
-    return [*per_container.values(), *per_gpu.values(), failures]
+    found = [*per_container.values(), *per_gpu.values(), failures]
+    return found if claims is None else [*found, *_claim_families(snapshot, node, claims)]
+
+
+def _claim_families(snapshot: Snapshot, node: str, claims: ClaimStats) -> list[Metric]:
+    prepared = GaugeMetricFamily(
+        "vcuda_dra_prepared_claims",
+        "DRA claims prepared on this GPU by vcuda's kubelet plugin (the node ledger's records).",
+        labels=GPU_LABELS)
+    seen = set()
+    for gpu in snapshot.gpus:
+        prepared.add_metric([node, str(gpu.index), gpu.uuid], claims.prepared.get(gpu.uuid, 0))
+        seen.add(gpu.uuid)
+    for uuid, count in sorted(claims.prepared.items()):
+        if uuid not in seen:  # a GPU NVML does not read now
+            prepared.add_metric([node, "", uuid], count)
+    failed = CounterMetricFamily(
+        "vcuda_dra_claim_failures",
+        "Claims that kubelet asked vcuda's plugin to prepare or unprepare and that failed "
+        "(the reason is in the agent's log and the pod's events), by call.",
+        labels=["node", "call"])
+    for call, count in claims.failed.items():
+        failed.add_metric([node, call], count)
+    return [prepared, failed]
 
 
 class NodeCollector(Collector):
-    """Takes a snapshot at each scrape; one scrape at a time."""
+    """Takes a snapshot at each scrape; one scrape at a time. ``claims`` reads the DRA
+    plugin's claims (None: the agent runs without ``--dra``)."""
 
-    def __init__(self, observer: Observer, node: str, problems: Problems) -> None:
+    def __init__(self, observer: Observer, node: str, problems: Problems,
+                 claims: Callable[[], ClaimStats] | None = None) -> None:
         self._observer = observer
         self._node = node
         self._problems = problems
+        self._claims = claims
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
+            claims = None
+            if self._claims is not None:  # first: the snapshot ends the problems' cycle
+                try:
+                    claims = self._claims()
+                except OSError as exc:  # the ledger cannot be read: the rest still answers
+                    self._problems.report("dra", "node ledger", f"claims unreadable: {exc}")
             try:
                 snapshot = self._observer.snapshot()
             except Exception as exc:  # a scrape must still be answered
                 event(self._problems.log, logging.ERROR, "snapshot_failed", error=repr(exc))
                 self._problems.counts["agent"] += 1
                 snapshot = Snapshot([], [])
-            yield from families(snapshot, self._node, self._problems.counts)
+            yield from families(snapshot, self._node, self._problems.counts, claims)
 
 
 def serve(

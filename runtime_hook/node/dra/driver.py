@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from runtime_hook.contract import Gpu
 from runtime_hook.node.dra.kube import DraApi, DraApiError
@@ -29,6 +29,16 @@ class DraSettings(Record):
     account_mib: int
 
 
+class ClaimStats(Record):
+    """The plugin's claims for the agent's metrics: ``prepared`` on each GPU (by UUID), and
+    ``failed`` calls of kubelet (by call: prepare, unprepare) since the agent started."""
+
+    _fields = ("prepared", "failed")
+    __slots__ = _fields
+    prepared: Mapping[str, int]
+    failed: Mapping[str, int]
+
+
 class Driver:
     """Serves kubelet and publishes the slice of ``node`` (its pool has the node's name)."""
 
@@ -41,8 +51,14 @@ class Driver:
         self._node_uid: str | None = None  # read once: the Node owns the slice
         paths = Paths(host_root=host_root, state_dir=state_dir, cdi_dir=settings.cdi_dir,
                       library=settings.library, account_mib=settings.account_mib)
-        preparer = Preparer(paths, pool=node, scaling=scaling, gpu_kind=settings.gpu_cdi_kind)
-        self.plugin = KubeletPlugin(preparer, api.claim, host_root, settings.kubelet_dir, log)
+        self._preparer = Preparer(paths, pool=node, scaling=scaling,
+                                  gpu_kind=settings.gpu_cdi_kind)
+        self.plugin = KubeletPlugin(self._preparer, api.claim, host_root, settings.kubelet_dir,
+                                    log)
+
+    def claim_stats(self) -> ClaimStats:
+        """What the plugin prepared, per GPU, and what failed; read at each scrape."""
+        return ClaimStats(self._preparer.prepared(), self.plugin.failures())
 
     def start(self) -> None:
         """Start serving kubelet."""

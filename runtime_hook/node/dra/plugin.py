@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent import futures
 from typing import Any
@@ -28,6 +30,7 @@ from runtime_hook.node.protos import load
 PLUGIN_TYPE = "DRAPlugin"
 SERVICE_VERSION = "v1.DRAPlugin"
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+CALLS = ("prepare", "unprepare")  # kubelet's calls for a claim, as metrics and logs name them
 _WORKERS = 4
 _MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one NUL
 
@@ -61,6 +64,8 @@ class KubeletPlugin:
         self._sockets = (here(self._endpoint), here(registration_socket(kubelet_dir)))
         self._servers: list[Any] = []
         self.registered: bool | None = None  # what kubelet said last; None: nothing yet
+        self._failed: Counter[str] = Counter()  # claims whose call failed, by call
+        self._failed_lock = threading.Lock()  # kubelet's calls come in on several threads
 
     def start(self) -> None:
         """Serve the DRA service, then offer the registration socket to kubelet."""
@@ -126,7 +131,7 @@ class KubeletPlugin:
                     claim.uid, self._read_claim(claim.namespace, claim.name))
             except (NodeError, OSError) as exc:
                 result.error = _line(exc)
-                self._said("claim_prepare_failed", claim, logging.WARNING, error=result.error)
+                self._failure("prepare", claim, result.error)
                 continue
             for device in prepared:
                 result.devices.add(request_names=device.requests, pool_name=device.pool,
@@ -143,10 +148,20 @@ class KubeletPlugin:
                 self._preparer.unprepare(claim.uid)
             except (NodeError, OSError) as exc:
                 result.error = _line(exc)
-                self._said("claim_unprepare_failed", claim, logging.WARNING, error=result.error)
+                self._failure("unprepare", claim, result.error)
                 continue
             self._said("claim_unprepared", claim, logging.INFO)
         return answer
+
+    def failures(self) -> dict[str, int]:
+        """How many claims failed to prepare and to unprepare since the start, by call."""
+        with self._failed_lock:
+            return {call: self._failed[call] for call in CALLS}
+
+    def _failure(self, call: str, claim: Any, error: str) -> None:
+        with self._failed_lock:
+            self._failed[call] += 1
+        self._said(f"claim_{call}_failed", claim, logging.WARNING, error=error)
 
     def _registration_status(self, registered: bool, error: str) -> None:
         self.registered = registered

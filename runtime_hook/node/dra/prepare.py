@@ -16,6 +16,7 @@ then the record, and succeeds when there is nothing left to remove.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -112,6 +113,15 @@ class Preparer:
         with self._state.locked(LOCK_TIMEOUT):
             cdi.remove(self._spec_path(uid))
             self._state.release(RECORD_PREFIX + uid)
+
+    def prepared(self) -> Counter[str]:
+        """How many prepared claims hold each GPU (UUID), as the node ledger records them."""
+        try:
+            records = ledger.entries(self._state)
+        except FileNotFoundError:
+            return Counter()  # nothing was ever committed on this node
+        return Counter(uuid for entry in records
+                       if entry.container_id.startswith(RECORD_PREFIX) for uuid in entry.devices)
 
     # --- the ledger -------------------------------------------------------------------------
 
