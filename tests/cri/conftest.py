@@ -1,4 +1,5 @@
-"""The containerd node of the CRI tests: one for the session, every pod removed after each test."""
+"""The containerd nodes of the CRI tests: one for each containerd release found (the system's
+and those scripts/fetch-containerd unpacked), every pod removed after each test."""
 
 from __future__ import annotations
 
@@ -6,16 +7,21 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cri.node import ContainerdNode, missing
+from tests.cri.node import ContainerdNode, missing, releases
+
+_RELEASES = releases()
 
 
-@pytest.fixture(scope="session")
-def containerd_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerdNode]:
+@pytest.fixture(scope="session", params=_RELEASES or [None],
+                ids=[f"containerd-{r.version}" for r in _RELEASES] or ["no-containerd"])
+def containerd_node(request: pytest.FixtureRequest,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[ContainerdNode]:
     """containerd on a node that ``vcuda-node install`` set up (see :mod:`tests.cri.node`)."""
-    reason = missing()
+    reason = missing() or ("" if request.param else "no containerd here (scripts/setup "
+                           "installs 1.6 and unpacks 1.7 and 2.x)")
     if reason:
         pytest.skip(reason)
-    node = ContainerdNode(tmp_path_factory.mktemp("cri-node"))
+    node = ContainerdNode(tmp_path_factory.mktemp("cri-node"), request.param)
     try:
         node.start()
         yield node

@@ -10,6 +10,13 @@ hook all run in that namespace; its root, state and socket are under the
 work directory. The test reaches the node's files through
 ``/proc/<pid>/root`` of the process that holds the namespace.
 
+Each containerd release found here is a node of its own (:func:`releases`):
+the system's (1.6 on Debian 12) and those ``scripts/fetch-containerd``
+unpacked under ``build/containerd`` (1.7 from Debian 13, 2.x from Debian
+unstable), each run from its own directory with its own shim and ``ctr``, and
+given the configuration version it reads (2 for 1.x, 3 for 2.x) with CDI on
+where it has it (1.7 and later), as an operator of such a node would.
+
 The ``vcuda`` handler's ``BinaryName`` is NVIDIA's runtime, which a CI
 machine does not have: on this node ``/usr/bin/nvidia-container-runtime`` is
 a link to runc, i.e. an NVIDIA runtime with nothing to inject. Everything
@@ -19,12 +26,15 @@ else of the handler is as install wrote it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from runtime_hook.contract import INVENTORY_NAME, Gpu, write_inventory
@@ -35,8 +45,56 @@ REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "cshim" / "build" / "libvcuda.so"
 STATE_DIR = "/run/vcuda"
 _OVERLAID = ("etc", "usr/local", "usr/bin", "run")
-_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "unshare", "nsenter")
+UNPACKED = REPO / "build" / "containerd"  # where scripts/fetch-containerd puts releases
+SANDBOX_IMAGE = "localhost/vcuda-test/pause:1"
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+_TOOLS = ("runc", "unshare", "nsenter")
+_RELEASE_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr")
 _NVIDIA_RUNTIME = "/usr/bin/nvidia-container-runtime"
+
+
+@dataclass(frozen=True)
+class Release:
+    """A containerd release the tests run: its version and the directory of its binaries."""
+
+    version: str
+    bin_dir: Path
+
+    @property
+    def major_minor(self) -> tuple[int, int]:
+        major, minor = self.version.split(".")[:2]
+        return int(major), int(minor)
+
+    @property
+    def config_version(self) -> int:
+        """The configuration version this release reads natively (3 from 2.0 on)."""
+        return 3 if self.major_minor >= (2, 0) else 2
+
+    @property
+    def has_cdi(self) -> bool:
+        """Whether its CRI plugin applies CDI devices (1.7 and later)."""
+        return self.major_minor >= (1, 7)
+
+    def tool(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+
+def _release(bin_dir: Path) -> Release | None:
+    """The release whose binaries are in ``bin_dir``, or None if it has not all of them."""
+    if not all((bin_dir / tool).is_file() for tool in _RELEASE_TOOLS):
+        return None
+    said = subprocess.run([str(bin_dir / "containerd"), "--version"], capture_output=True,
+                          text=True, timeout=30, check=True).stdout.split()
+    # "containerd github.com/containerd/containerd[/v2] 1.6.20~ds1 [revision]": 1.6.20
+    return Release(re.split(r"[~+-]", said[2].removeprefix("v"))[0], bin_dir)
+
+
+def releases() -> list[Release]:
+    """The system's containerd and those unpacked under ``build/containerd``, oldest first."""
+    system = shutil.which("containerd")
+    found = [_release(Path(system).parent)] if system else []
+    found += [_release(d / "usr" / "bin") for d in sorted(UNPACKED.glob("*"))]
+    return sorted({r for r in found if r is not None}, key=lambda r: r.major_minor)
 
 
 def missing() -> str | None:
@@ -51,9 +109,29 @@ def missing() -> str | None:
     return None
 
 
-def containerd_config(work: Path) -> str:
-    """The node's ``/etc/containerd/config.toml`` before install: version 2, private paths."""
-    return f"""version = 2
+def cri_plugins(config_version: int) -> tuple[str, str]:
+    """The sections of the CRI plugin's runtime and image settings in a configuration of
+    ``config_version``."""
+    if config_version == 3:
+        return "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"
+    return "io.containerd.grpc.v1.cri", "io.containerd.grpc.v1.cri"
+
+
+def containerd_config(work: Path, release: Release) -> str:
+    """The node's ``/etc/containerd/config.toml`` before install: the release's own
+    configuration version, private paths, CDI on where the release has it."""
+    runtime, images = cri_plugins(release.config_version)
+    # No lower oom_score_adj than containerd's: machines that run tests may forbid lowering it.
+    settings = ["restrict_oom_score_adj = true"]
+    if release.config_version == 3:
+        pinned = f'\n[plugins."{images}".pinned_images]\n  sandbox = "{SANDBOX_IMAGE}"\n'
+    else:
+        pinned = ""
+        settings.append(f'sandbox_image = "{SANDBOX_IMAGE}"')
+    if release.has_cdi:
+        settings += ["enable_cdi = true", f"cdi_spec_dirs = {json.dumps(list(CDI_DIRS))}"]
+    lines = "".join(f"  {line}\n" for line in settings)
+    return f"""version = {release.config_version}
 root = "{work}/containerd/root"
 state = "{work}/containerd/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
@@ -61,12 +139,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
 [grpc]
   address = "{work}/containerd.sock"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "localhost/vcuda-test/pause:1"
-  # No lower oom_score_adj than containerd's: machines that run tests may forbid lowering it.
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
+{pinned}
+[plugins."{runtime}"]
+{lines}  [plugins."{runtime}".cni]
     conf_dir = "{work}/cni"
 """
 
@@ -74,8 +149,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 class ContainerdNode:
     """The node: its namespace, containerd, a CRI client (``cri``) and the hook's state."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, release: Release) -> None:
         self.work = work
+        self.release = release
         self.socket = work / "containerd.sock"
         self.log = work / "containerd.log"
         self.cgroup = f"/vcuda-cri-{os.getpid()}"
@@ -117,7 +193,7 @@ class ContainerdNode:
         (upper / _NVIDIA_RUNTIME.lstrip("/")).symlink_to(shutil.which("runc"))
         config = upper / "etc/containerd/config.toml"
         config.parent.mkdir(parents=True)
-        config.write_text(containerd_config(self.work))
+        config.write_text(containerd_config(self.work, self.release))
         mounts = "; ".join(
             f"mount -t overlay overlay -o lowerdir=/{d},upperdir={upper / d},"
             f"workdir={self.work / 'overlay-work' / d} /{d}"
@@ -135,8 +211,9 @@ class ContainerdNode:
             raise RuntimeError(f"vcuda-node install failed:\n{result.stderr}")
         self.start_containerd()
         images = write_images(self.work / "images.tar")
-        subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", "images", "import",
-                        str(images)], check=True, capture_output=True, timeout=120)
+        subprocess.run([self.release.tool("ctr"), "--address", str(self.socket), "-n", "k8s.io",
+                        "images", "import", str(images)], check=True, capture_output=True,
+                       timeout=120)
 
     def install(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``vcuda-node install`` on the node, with this checkout's libvcuda.so."""
@@ -158,8 +235,10 @@ class ContainerdNode:
         with open(self.log, "a") as log:
             self._containerd = subprocess.Popen(
                 ["nsenter", "--target", str(self._holder.pid), "--mount", "--",
-                 "containerd", "--config", "/etc/containerd/config.toml"],
+                 self.release.tool("containerd"), "--config", "/etc/containerd/config.toml"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                # Its own shim first: containerd looks for it on PATH.
+                env={**os.environ, "PATH": f"{self.release.bin_dir}:{os.environ['PATH']}"},
             )
         deadline = time.monotonic() + 30
         while True:

@@ -3,27 +3,45 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import tomllib
 
-from tests.cri.node import ContainerdNode, containerd_config
+from tests.cri.node import CDI_DIRS, SANDBOX_IMAGE, ContainerdNode, cri_plugins
 
 
 def test_containerd_runs_the_installed_handler_with_the_nodes_own_cri_settings(
     cri_node: ContainerdNode,
 ) -> None:
-    dumped = cri_node.in_node("containerd", "--config", "/etc/containerd/config.toml",
-                              "config", "dump")
+    release = cri_node.release
+    dumped = cri_node.in_node(release.tool("containerd"), "--config",
+                              "/etc/containerd/config.toml", "config", "dump")
     assert dumped.returncode == 0, dumped.stderr
-    cri = tomllib.loads(dumped.stdout)["plugins"]["io.containerd.grpc.v1.cri"]
-    own = tomllib.loads(containerd_config(cri_node.work))["plugins"]["io.containerd.grpc.v1.cri"]
-    assert cri["sandbox_image"] == own["sandbox_image"]
-    assert cri["cni"]["conf_dir"] == own["cni"]["conf_dir"]
+    plugins = tomllib.loads(dumped.stdout)["plugins"]
+    runtime_section, images_section = cri_plugins(release.config_version)
+    cri, images = plugins[runtime_section], plugins[images_section]
+    sandbox = (images["pinned_images"]["sandbox"] if release.config_version == 3
+               else images["sandbox_image"])
+    assert sandbox == SANDBOX_IMAGE
+    assert cri["cni"]["conf_dir"] == f"{cri_node.work}/cni"
+    if release.has_cdi:
+        assert (cri["enable_cdi"], cri["cdi_spec_dirs"]) == (True, list(CDI_DIRS))
     vcuda = cri["containerd"]["runtimes"]["vcuda"]
     assert vcuda["pod_annotations"] == ["vcuda.io/*"]
     assert vcuda["base_runtime_spec"] == "/etc/vcuda/base-runtime-spec.json"
     assert vcuda["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
     assert cri["containerd"]["default_runtime_name"] in cri["containerd"]["runtimes"]
+
+
+def test_the_node_runs_the_containerd_release_it_is_named_after(cri_node: ContainerdNode) -> None:
+    answer = cri_node.cri.version()
+    assert answer.runtime_name == "containerd"
+    assert answer.runtime_version.removeprefix("v").startswith(cri_node.release.version)
+    # The shim of a pod is the release's own too (containerd looks for it on PATH).
+    pause = cri_node.cri.sandbox_pid(cri_node.cri.run_pod("shim", handler=""))
+    shim = Path(f"/proc/{pause}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    assert os.readlink(f"/proc/{shim}/exe") == cri_node.release.tool("containerd-shim-runc-v2")
 
 
 def test_a_second_install_on_the_node_changes_nothing(cri_node: ContainerdNode) -> None:
