@@ -95,11 +95,15 @@ class Cri:
 
     def create(self, pod: Pod, name: str, command: list[str], env: dict[str, str] | None = None,
                mounts: dict[str, str] | None = None, attempt: int = 0,
-               image: str = BUSYBOX_IMAGE) -> str:
+               image: str = BUSYBOX_IMAGE, cdi_devices: list[str] | None = None,
+               annotations: dict[str, str] | None = None) -> str:
         """Create container ``name`` (restart number ``attempt``) in ``pod``; return its id.
 
         ``env`` and ``mounts`` (container path -> host path, read-only) are what kubelet
-        passes: the pod's and, where a device plugin allocated devices, the plugin's.
+        passes: the pod's and, where a device plugin allocated devices, the plugin's;
+        ``cdi_devices`` the CDI devices a device plugin or a DRA driver named (kubelet 1.28
+        and later), ``annotations`` extra container annotations (earlier kubelets named CDI
+        devices in ``cdi.k8s.io/`` ones).
         """
         meta = pod.config.metadata
         config = api.ContainerConfig(
@@ -112,9 +116,11 @@ class Cri:
             labels={"io.kubernetes.container.name": name, "io.kubernetes.pod.name": meta.name,
                     "io.kubernetes.pod.namespace": meta.namespace,
                     "io.kubernetes.pod.uid": meta.uid},
-            annotations={"io.kubernetes.container.restartCount": str(attempt)},
+            annotations={"io.kubernetes.container.restartCount": str(attempt),
+                         **(annotations or {})},
             log_path=f"{name}/{attempt}.log",
             linux=api.LinuxContainerConfig(),
+            CDI_devices=[api.CDIDevice(name=device) for device in cdi_devices or ()],
         )
         answer = self._call(self._runtime, "CreateContainer", api.CreateContainerRequest(
             pod_sandbox_id=pod.id, config=config, sandbox_config=pod.config))

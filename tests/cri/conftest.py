@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.cri.node import ContainerdNode, missing, releases
+from tests.cri.pods import GPUS
 
 _RELEASES = releases()
 
@@ -36,3 +37,12 @@ def cri_node(containerd_node: ContainerdNode) -> Iterator[ContainerdNode]:
     yield containerd_node
     for pod in containerd_node.cri.pods():
         containerd_node.cri.remove_pod(pod)
+
+
+@pytest.fixture
+def node(cri_node: ContainerdNode) -> ContainerdNode:
+    """The node with the made-up inventory (:data:`tests.cri.pods.GPUS`); every test starts
+    with an empty ledger."""
+    cri_node.write_inventory(GPUS)
+    assert cri_node.ledger() == []
+    return cri_node

@@ -48,6 +48,7 @@ _OVERLAID = ("etc", "usr/local", "usr/bin", "run")
 UNPACKED = REPO / "build" / "containerd"  # where scripts/fetch-containerd puts releases
 SANDBOX_IMAGE = "localhost/vcuda-test/pause:1"
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+TRANSIENT_CDI_DIR = "/run/cdi"  # /var/run/cdi, without the link: see ContainerdNode.path
 _TOOLS = ("runc", "unshare", "nsenter")
 _RELEASE_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr")
 _NVIDIA_RUNTIME = "/usr/bin/nvidia-container-runtime"
@@ -162,7 +163,8 @@ class ContainerdNode:
     # --- the node's files -------------------------------------------------------------------
 
     def path(self, node_path: str) -> Path:
-        """A path of the node as its processes see it."""
+        """A path of the node as its processes see it. Links in it resolve outside the node
+        (``/var/run`` to this machine's ``/run``): name the link's target."""
         assert self._holder is not None
         return Path(f"/proc/{self._holder.pid}/root") / node_path.lstrip("/")
 
@@ -177,6 +179,11 @@ class ContainerdNode:
         records = self.path(STATE_DIR) / "containers"
         return sorted(p.name for p in records.iterdir()) if records.is_dir() else []
 
+    def oci_spec(self, container: str) -> dict:
+        """The OCI spec containerd gave ``container`` (its bundle's ``config.json``)."""
+        bundle = self.work / "containerd/state/io.containerd.runtime.v2.task/k8s.io" / container
+        return json.loads((bundle / "config.json").read_text())
+
     def hook_log(self) -> str:
         log = self.path(STATE_DIR) / "hook.log"
         return log.read_text() if log.exists() else ""
@@ -190,6 +197,8 @@ class ContainerdNode:
             (upper / directory).mkdir(parents=True)
             (self.work / "overlay-work" / directory).mkdir(parents=True)
         (self.work / "cni").mkdir()
+        for cdi_dir in CDI_DIRS:  # as a node has them, so that containerd watches them
+            (upper / cdi_dir.lstrip("/").replace("var/run/", "run/")).mkdir(parents=True)
         (upper / _NVIDIA_RUNTIME.lstrip("/")).symlink_to(shutil.which("runc"))
         config = upper / "etc/containerd/config.toml"
         config.parent.mkdir(parents=True)

@@ -17,25 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.contract import ACCOUNT_PATH, ASSIGNMENT_ANNOTATION, Gpu, Limits, render_limits
+from runtime_hook.contract import ACCOUNT_PATH, Limits, render_limits
 from runtime_hook.device_assignment import device_plugin_spec
-from runtime_hook.placement import Assignment, encode_assignment
-from tests.cri.client import CriError, Pod
+from tests.cri.client import Pod
 from tests.cri.node import LIBRARY, ContainerdNode
+from tests.cri.pods import GIB, GPUS, SLEEP, placed_pod, read, refused
 from tests.hook.bundles import limits_annotation
 
-GIB = 1 << 30
-GPUS = [Gpu(f"GPU-0000000{i}-aaaa-bbbb-cccc-00000000000{i}", i, 8 * GIB) for i in range(2)]
-SLEEP = ["sleep", "600"]
 PRELOAD = "/usr/local/vcuda/lib/libvcuda.so\n"
-
-
-@pytest.fixture
-def node(cri_node: ContainerdNode) -> ContainerdNode:
-    """The node with the made-up inventory; every test starts with an empty ledger."""
-    cri_node.write_inventory(GPUS)
-    assert cri_node.ledger() == []
-    return cri_node
 
 
 def _limited_pod(node: ContainerdNode, name: str, **limits: tuple[int, int]) -> Pod:
@@ -49,16 +38,10 @@ def _on_gpu(index: int) -> dict[str, dict[str, str]]:
             "mounts": {m["destination"]: m["source"] for m in mounts}}
 
 
-def _read(node: ContainerdNode, container: str, path: str) -> str | None:
-    """The file at ``path`` in the running container, or None when it has none."""
-    answer = node.cri.exec(container, "cat", path)
-    return answer.stdout.decode() if answer.exit_code == 0 else None
-
-
 def _hooked(node: ContainerdNode, container: str) -> bool:
     """Whether anything of vcuda is in the container: limits, preload line or library."""
     paths = ("/etc/vcuda/limits", "/etc/ld.so.preload", "/usr/local/vcuda/lib/libvcuda.so")
-    return any(_read(node, container, path) is not None for path in paths)
+    return any(read(node, container, path) is not None for path in paths)
 
 
 def _wait_for_ledger(node: ContainerdNode, expected: list[str], timeout: float = 10.0) -> None:
@@ -73,9 +56,9 @@ def test_a_limited_container_sees_the_library_its_read_only_limits_and_the_prelo
 ) -> None:
     pod = _limited_pod(node, "train", worker=(30, 2 * GIB))
     worker = node.cri.run(pod, "worker", SLEEP, **_on_gpu(1))
-    assert _read(node, worker, "/etc/vcuda/limits") == render_limits(
+    assert read(node, worker, "/etc/vcuda/limits") == render_limits(
         Limits(memory=2 * GIB, cores=30, devices=(GPUS[1].uuid,), account=ACCOUNT_PATH))
-    assert _read(node, worker, "/etc/ld.so.preload") == PRELOAD
+    assert read(node, worker, "/etc/ld.so.preload") == PRELOAD
     library = node.cri.exec(worker, "cat", "/usr/local/vcuda/lib/libvcuda.so")
     assert library.stdout == LIBRARY.read_bytes()
     assert node.ledger() == [worker]
@@ -96,13 +79,13 @@ def test_a_limited_container_cannot_change_its_limits_or_the_preload_line(
 ) -> None:
     pod = _limited_pod(node, "train", worker=(30, 2 * GIB))
     worker = node.cri.run(pod, "worker", SLEEP, **_on_gpu(0))
-    limits = _read(node, worker, "/etc/vcuda/limits")
+    limits = read(node, worker, "/etc/vcuda/limits")
     answer = node.cri.exec(worker, "sh", "-c", attempt)
     assert answer.exit_code != 0, answer.stdout
     assert re.search(rb"(?i)read-only file system|not permitted|resource busy|permission denied",
                      answer.stderr), answer.stderr
-    assert _read(node, worker, "/etc/vcuda/limits") == limits
-    assert _read(node, worker, "/etc/ld.so.preload") == PRELOAD
+    assert read(node, worker, "/etc/vcuda/limits") == limits
+    assert read(node, worker, "/etc/ld.so.preload") == PRELOAD
 
 
 def test_a_second_container_of_the_pod_without_an_entry_is_untouched(node: ContainerdNode) -> None:
@@ -174,27 +157,13 @@ def test_a_container_restarted_in_the_same_sandbox_gets_its_limits_again(
     assert node.cri.output(pod, "worker", 1) == expected
 
 
-def _refused(node: ContainerdNode, pod: Pod, **options: dict[str, str]) -> tuple[str, str]:
-    """Start a ``worker`` in ``pod`` with ``options``, which the hook refuses: its id, and the
-    hook's line as the CRI error carries it (after runc's and containerd's words)."""
-    container = node.cri.create(pod, "worker", SLEEP, **options)
-    with pytest.raises(CriError) as caught:
-        node.cri.start(container)
-    [line] = [line for line in caught.value.details.splitlines() if "vcuda-hook:" in line]
-    status = node.cri.status(container)
-    assert (status.reason, status.started_at) == ("StartError", 0), status  # it never ran
-    hook_line = line[line.index("vcuda-hook:"):].removesuffix(": unknown")  # containerd's code
-    assert hook_line in status.message  # what the pod's status shows
-    return container, hook_line
-
-
 def test_overcommit_of_a_gpu_is_refused_with_the_hooks_message_in_the_cri_error(
     node: ContainerdNode,
 ) -> None:
     first = node.cri.run(_limited_pod(node, "big", worker=(50, 6 * GIB)), "worker", SLEEP,
                          **_on_gpu(0))
-    refused, line = _refused(node, _limited_pod(node, "late", worker=(30, 4 * GIB)), **_on_gpu(0))
-    assert line.startswith(f"vcuda-hook: container default/late/worker ({refused[:12]}): GPU "
+    late, line = refused(node, _limited_pod(node, "late", worker=(30, 4 * GIB)), **_on_gpu(0))
+    assert line.startswith(f"vcuda-hook: container default/late/worker ({late[:12]}): GPU "
                            f"{GPUS[0].uuid} (index 0) has 2.00 GiB"), line
     assert "this container asks for 4.00 GiB" in line, line
     assert node.ledger() == [first]
@@ -209,7 +178,7 @@ def test_a_pod_that_names_another_gpu_in_its_env_is_refused(node: ContainerdNode
     options = _on_gpu(0)
     # kubelet passes the pod's env after the device plugin's; containerd keeps the last.
     options["env"] = {**options["env"], "NVIDIA_VISIBLE_DEVICES": GPUS[1].uuid}
-    _, line = _refused(node, pod, **options)
+    _, line = refused(node, pod, **options)
     assert node.ledger() == []
     assert f"sets NVIDIA_VISIBLE_DEVICES={GPUS[1].uuid}, but the device plugin's volume mounts " \
         f"give it {GPUS[0].uuid}; fix: remove NVIDIA_VISIBLE_DEVICES from the pod's env" in line
@@ -218,30 +187,23 @@ def test_a_pod_that_names_another_gpu_in_its_env_is_refused(node: ContainerdNode
 def test_a_limited_container_the_device_plugin_gave_no_gpu_is_refused(
     node: ContainerdNode,
 ) -> None:
-    _, line = _refused(node, _limited_pod(node, "bare", worker=(30, 2 * GIB)))
+    _, line = refused(node, _limited_pod(node, "bare", worker=(30, 2 * GIB)))
     assert node.ledger() == []
     assert "no trusted list of this container's GPUs (" in line, line
     assert "fix: run NVIDIA's device plugin with deviceListStrategy volume-mounts" in line, line
 
 
-def _placed_pod(node: ContainerdNode, name: str, gpu: int) -> Pod:
-    """A pod with a 30% / 2 GiB ``worker`` that vcuda's scheduler bound to GPU ``gpu``."""
-    placed = Assignment((GPUS[gpu].uuid, 30, 2 * GIB), ())
-    return node.cri.run_pod(name, {**limits_annotation(worker=(30, 2 * GIB)),
-                                   ASSIGNMENT_ANNOTATION: encode_assignment(placed)})
-
-
 def test_the_gpu_chosen_at_bind_reaches_the_container_through_containerd(
     node: ContainerdNode,
 ) -> None:
-    worker = node.cri.run(_placed_pod(node, "placed", 1), "worker", SLEEP)
-    assert _read(node, worker, "/etc/vcuda/limits") == render_limits(
+    worker = node.cri.run(placed_pod(node, "placed", 1), "worker", SLEEP)
+    assert read(node, worker, "/etc/vcuda/limits") == render_limits(
         Limits(memory=2 * GIB, cores=30, devices=(GPUS[1].uuid,), account=ACCOUNT_PATH))
     assert node.ledger() == [worker]
 
 
 def test_a_placement_the_device_plugin_contradicts_is_refused(node: ContainerdNode) -> None:
-    _, line = _refused(node, _placed_pod(node, "split", 1), **_on_gpu(0))
+    _, line = refused(node, placed_pod(node, "split", 1), **_on_gpu(0))
     assert node.ledger() == []
     assert GPUS[0].uuid in line and GPUS[1].uuid in line and "; fix: " in line, line
 
@@ -258,6 +220,6 @@ def test_containerd_restarted_while_a_limited_container_runs_leaves_the_ledger_r
     os.kill(gone_pid, signal.SIGKILL)  # it dies while containerd is down
     node.start_containerd()
     _wait_for_ledger(node, [worker])
-    assert _read(node, worker, "/etc/vcuda/limits") is not None
+    assert read(node, worker, "/etc/vcuda/limits") is not None
     node.cri.stop(worker)
     _wait_for_ledger(node, [])

@@ -19,6 +19,7 @@ from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.slices import device_name
 from tests.busybox_root import make_busybox_root
 from tests.dra.conftest import GPU0, GPU1, LIBRARY, DraNode
+from tests.nvidia_cdi import write_nvidia_stand_in
 
 # Debian's golang-github-container-orchestrated-devices-container-device-interface-dev
 # (scripts/setup installs it) ships the specification's schema.
@@ -81,15 +82,6 @@ def _podman_image(scratch: Path) -> str:
     return IMAGE
 
 
-def _nvidia_stand_in(directory: Path) -> None:
-    """NVIDIA's spec as ``nvidia-ctk cdi generate`` names its devices (by UUID); what it would
-    add (device nodes, the driver's libraries) needs a GPU, so an environment line stands in."""
-    devices = [{"name": uuid, "containerEdits": {"env": [f"NVIDIA_VISIBLE_DEVICES={uuid}"]}}
-               for uuid in (GPU0, GPU1)]
-    (directory / "nvidia.com-gpu.json").write_text(json.dumps(
-        {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices}))
-
-
 _SCRIPT = """
 cat /etc/vcuda/limits; echo ---
 cat /etc/ld.so.preload; echo ---
@@ -110,7 +102,7 @@ def test_podman_applies_the_cdi_devices_prepare_returned_to_a_busybox_container(
     uid = claim["metadata"]["uid"]
     [device] = dra_node.kubelet.prepare(claim)[uid].devices
     gpu = GPU0 if device.device_name == device_name(GPU0) else GPU1
-    _nvidia_stand_in(dra_node.cdi_dir)
+    write_nvidia_stand_in(dra_node.cdi_dir, (GPU0, GPU1))
     devices = [arg for cdi_id in device.cdi_device_ids for arg in ("--device", cdi_id)]
     # A private mount namespace in which the runtime's transient CDI directory is the
     # driver's; runc and cgroupfs, no network, and limits this machine's root may set.
