@@ -85,6 +85,17 @@
         unsigned long long flags),                                                                  \
        (handle, size, prop, flags))                                                                 \
     CU(cuMemRelease, (CUmemGenericAllocationHandle handle), (handle))                               \
+    CU(cuMemImportFromShareableHandle,                                                              \
+       (CUmemGenericAllocationHandle *handle, void *osHandle,                                       \
+        CUmemAllocationHandleType shHandleType),                                                    \
+       (handle, osHandle, shHandleType))                                                            \
+    CU(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr),             \
+       (handle, addr))                                                                              \
+    CU(cuMemMap,                                                                                    \
+       (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,           \
+        unsigned long long flags),                                                                  \
+       (ptr, size, offset, handle, flags))                                                          \
+    CU(cuMemUnmap, (CUdeviceptr ptr, size_t size), (ptr, size))                                     \
     CU(cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream),                     \
        (dptr, bytesize, hStream))                                                                   \
     CU(cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream),                \
@@ -157,6 +168,8 @@
        (size_t *granularity, const CUmemAllocationProp *prop,                                       \
         CUmemAllocationGranularity_flags option),                                                   \
        (granularity, prop, option))                                                                 \
+    CU(cuMemGetAllocationPropertiesFromHandle,                                                      \
+       (CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle), (prop, handle))            \
     CU(cuArrayGetMemoryRequirements,                                                                \
        (CUDA_ARRAY_MEMORY_REQUIREMENTS *memoryRequirements, CUarray array, CUdevice device),        \
        (memoryRequirements, array, device))                                                         \

@@ -1,4 +1,5 @@
-/* Wrappers of the allocation, free and memory-query calls: check, call the driver, account. */
+/* Wrappers of the allocation, free and memory-query calls: check, call the driver, account.
+ * The virtual memory management calls are vmm.c's. */
 #define _GNU_SOURCE
 #include "memory.h"
 
@@ -22,14 +23,12 @@ static CUresult free_mipmap(uint64_t key)
 {
     return vc_real_cuMipmappedArrayDestroy((CUmipmappedArray)key);
 }
-static CUresult free_handle(uint64_t key) { return vc_real_cuMemRelease(key); }
 static CUresult close_ipc(uint64_t key) { return vc_real_cuIpcCloseMemHandle((CUdeviceptr)key); }
 
 static CUresult (*const destroy[])(uint64_t) = {
     [VC_KIND_POINTER] = free_pointer,
     [VC_KIND_ARRAY] = free_array,
     [VC_KIND_MIPMAP] = free_mipmap,
-    [VC_KIND_HANDLE] = free_handle,
     [VC_KIND_IPC] = close_ipc,
 };
 
@@ -61,9 +60,8 @@ static CUresult settle(const struct vc_device *d, CUresult result, uint64_t esti
     }
     vc_account_add(d->index, -(int64_t)(estimate - (actual < estimate ? actual : estimate)));
     CUcontext context = NULL;
-    if (kind != VC_KIND_HANDLE)
-        vc_real_cuCtxGetCurrent(&context);
-    vc_track_add(kind, key, (struct vc_charge){d, actual, context});
+    vc_real_cuCtxGetCurrent(&context);
+    vc_track_add(kind, key, (struct vc_charge){.device = d, .bytes = actual, .context = context});
     return result;
 }
 
@@ -217,29 +215,6 @@ CUresult CUDAAPI cuMipmappedArrayCreate(CUmipmappedArray *pHandle,
 CUresult CUDAAPI cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
 {
     return release(VC_KIND_MIPMAP, (uintptr_t)hMipmappedArray);
-}
-
-CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                             const CUmemAllocationProp *prop, unsigned long long flags)
-{
-    bool on_device = handle && prop && size && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
-    const struct vc_device *d = on_device ? vc_device_of(prop->location.id) : NULL;
-    uint64_t bytes = size;
-    size_t granularity;
-    if (d && vc_real_cuMemGetAllocationGranularity(&granularity, prop,
-                                                   CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS
-        && granularity)
-        bytes = ROUND_UP(bytes, granularity);
-    CUresult r = charge(d, bytes);
-    if (r != CUDA_SUCCESS)
-        return r;
-    r = vc_real_cuMemCreate(handle, size, prop, flags);
-    return settle(d, r, bytes, bytes, VC_KIND_HANDLE, d && r == CUDA_SUCCESS ? *handle : 0);
-}
-
-CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
-{
-    return release(VC_KIND_HANDLE, handle);
 }
 
 /* Memory another process exported (cuIpcGetMemHandle) is charged to the

@@ -96,6 +96,24 @@ bool vc_track_take(enum vc_kind kind, uint64_t key, struct vc_charge *charge)
     return found;
 }
 
+bool vc_track_adjust(enum vc_kind kind, uint64_t key, int64_t bytes, int holds,
+                     struct vc_charge *now)
+{
+    bool found = false;
+    pthread_mutex_lock(&vc_local_lock);
+    struct entry *e = capacity ? find(kind, key) : NULL;
+    if (e && e->kind) {
+        e->charge.bytes += (uint64_t)bytes;
+        e->charge.holds += (unsigned)holds;
+        *now = e->charge;
+        if (holds && !e->charge.holds)
+            remove_entry(e);
+        found = true;
+    }
+    pthread_mutex_unlock(&vc_local_lock);
+    return found;
+}
+
 void vc_track_drop_context(CUcontext context)
 {
     pthread_mutex_lock(&vc_local_lock);

@@ -2,7 +2,9 @@
  * Test double of libcuda.so.1 for CI machines without a GPU. It implements the
  * calls libvcuda.so covers with the driver's bookkeeping and errors: devices
  * (with CUDA_VISIBLE_DEVICES), contexts, allocations of every kind, pools that
- * keep freed memory until a synchronization, VMM granularity, and
+ * keep freed memory until a synchronization, VMM allocations (mapped into
+ * reserved address ranges, alive while a handle or a mapping holds them,
+ * shared with other processes through POSIX file descriptors), and
  * cuGetProcAddress with versions and per-thread-stream flags; fake_gpu.c
  * runs kernels, streams, events and capture. Device memory is
  * shared by all processes through fake_state.h; a context takes
@@ -13,7 +15,10 @@
 #include <dlfcn.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fake_gpu.h"
@@ -63,7 +68,12 @@ struct pool {
 
 /* K_GRAPH: a graph's allocation that outlives the graph (its memory is the graph memory's). */
 /* K_IPC: another process's memory mapped here (the device memory is the exporter's). */
-enum kind { K_POINTER = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_ASYNC, K_GRAPH, K_IPC };
+/* K_HANDLE: a VMM allocation; K_MAPPING: a cuMemMap of one (handle: its address);
+ * K_RESERVED: a cuMemAddressReserve range (handle: its start). */
+enum kind { K_POINTER = 1, K_ARRAY, K_MIPMAP, K_HANDLE, K_ASYNC, K_GRAPH, K_IPC, K_MAPPING,
+            K_RESERVED };
+
+struct vmm_export;
 
 struct allocation {
     enum kind kind;                   /* 0: free entry */
@@ -72,6 +82,12 @@ struct allocation {
     int ordinal;
     struct context *context;          /* NULL for VMM handles */
     struct pool *pool;                /* K_ASYNC only */
+    /* K_HANDLE: */
+    unsigned refs, maps;              /* handle references and mappings; it goes when both are 0 */
+    unsigned long long types;         /* the shareable handle types asked for at creation */
+    struct vmm_export *shared;        /* once exported or imported: what processes share */
+    int shared_fd;                    /* its file, open while shared */
+    struct allocation *backing;       /* K_MAPPING: the allocation mapped */
 };
 
 static pid_t initialized_in;
@@ -449,7 +465,8 @@ static struct allocation *record(enum kind kind, uint64_t handle, uint64_t bytes
 {
     for (int i = 0; i < MAX_ALLOCATIONS; i++)
         if (!allocations[i].kind) {
-            allocations[i] = (struct allocation){kind, handle, bytes, ordinal, c, pool};
+            allocations[i] = (struct allocation){.kind = kind, .handle = handle, .bytes = bytes,
+                                                 .ordinal = ordinal, .context = c, .pool = pool};
             return &allocations[i];
         }
     return NULL;
@@ -658,12 +675,268 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     CUresult r = take(prop->location.id, size);
     if (r != CUDA_SUCCESS)
         return r;
+    struct allocation *a = record(K_HANDLE, next_handle, size, prop->location.id, NULL, NULL);
+    if (!a) {
+        give_back(prop->location.id, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->refs = 1;
+    a->types = prop->requestedHandleTypes;
     *handle = next_handle++;
-    record(K_HANDLE, *handle, size, prop->location.id, NULL, NULL);
     return CUDA_SUCCESS;
 }
 
-CUresult cuMemRelease(CUmemGenericAllocationHandle handle) { return release(K_HANDLE, handle); }
+/*
+ * What the processes that hold one VMM allocation share: a memory file that
+ * an exported POSIX file descriptor opens. The memory stays in the books of
+ * the process that created it until no process holds the allocation any more
+ * (the driver's rule); if that process ends first, its books go with it.
+ */
+struct vmm_export {
+    uint64_t magic;
+    int32_t owner;                    /* the creating process */
+    int32_t device;                   /* physical */
+    uint64_t bytes;
+    uint32_t holders;                 /* processes whose allocation is alive */
+};
+
+#define VMM_MAGIC 0x66616b65766d6d31ULL
+
+/* A handle this process may use: one whose references it has not all released. */
+static struct allocation *live_handle(CUmemGenericAllocationHandle handle)
+{
+    struct allocation *a = lookup(K_HANDLE, handle);
+    return a && a->refs ? a : NULL;
+}
+
+/* The allocation goes once no handle reference and no mapping is left. */
+static void let_go(struct allocation *a)
+{
+    if (a->refs || a->maps)
+        return;
+    struct vmm_export *x = a->shared;
+    if (!x) {
+        give_back(a->ordinal, a->bytes);
+    } else {
+        if (__atomic_sub_fetch(&x->holders, 1, __ATOMIC_ACQ_REL) == 0) {
+            struct fake_state *s = fake_state();
+            for (int i = 0; i < FAKE_MAX_PROCS; i++)
+                if (s->procs[i].pid == x->owner && fake_proc_live(&s->procs[i]))
+                    __atomic_sub_fetch(&s->procs[i].used[x->device], x->bytes, __ATOMIC_ACQ_REL);
+        }
+        munmap(x, sizeof *x);
+        close(a->shared_fd);
+    }
+    a->kind = 0;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct allocation *a = live_handle(handle);
+    if (!a)
+        return CUDA_ERROR_INVALID_VALUE;
+    a->refs--;
+    let_go(a);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop,
+                                                CUmemGenericAllocationHandle handle)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct allocation *a = live_handle(handle);
+    if (!prop || !a)
+        return CUDA_ERROR_INVALID_VALUE;
+    *prop = (CUmemAllocationProp){.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                  .location = {CU_MEM_LOCATION_TYPE_DEVICE, a->ordinal},
+                                  .requestedHandleTypes = a->types};
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags)
+{
+    (void)addr;   /* a hint */
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (!ptr || !size || size % GRANULARITY || flags || (alignment & (alignment - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t align = alignment > GRANULARITY ? alignment : GRANULARITY;
+    uint64_t start = ROUND_UP(next_address, align);
+    if (!record(K_RESERVED, start, size, 0, NULL, NULL))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    next_address = start + size;
+    *ptr = start;
+    return CUDA_SUCCESS;
+}
+
+/* Whether any mapping overlaps [start, start + size). */
+static bool mapped_in(uint64_t start, uint64_t size)
+{
+    for (int i = 0; i < MAX_ALLOCATIONS; i++) {
+        const struct allocation *m = &allocations[i];
+        if (m->kind == K_MAPPING && m->handle < start + size && start < m->handle + m->bytes)
+            return true;
+    }
+    return false;
+}
+
+/* The end of the whole mappings that follow one another from start, up to end. */
+static uint64_t mapped_until(uint64_t start, uint64_t end)
+{
+    const struct allocation *m;
+    while (start < end && (m = lookup(K_MAPPING, start)))
+        start += m->bytes;
+    return start;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct allocation *r = lookup(K_RESERVED, ptr);
+    if (!r || r->bytes != size || mapped_in(ptr, size))
+        return CUDA_ERROR_INVALID_VALUE;
+    r->kind = 0;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct allocation *a = live_handle(handle);
+    bool reserved = false;
+    for (int i = 0; i < MAX_ALLOCATIONS && !reserved; i++) {
+        const struct allocation *r = &allocations[i];
+        reserved = r->kind == K_RESERVED && r->handle <= ptr && ptr + size <= r->handle + r->bytes;
+    }
+    /* The offset must be 0 for now; the range a reservation's, not mapped yet. */
+    if (!a || offset || !size || size % GRANULARITY || ptr % GRANULARITY || size > a->bytes
+        || flags || !reserved || mapped_in(ptr, size))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct allocation *m = record(K_MAPPING, ptr, size, a->ordinal, NULL, NULL);
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    m->backing = a;
+    a->maps++;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    /* Whole mappings only, one after another from ptr. */
+    if (!size || mapped_until(ptr, ptr + size) != ptr + size)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (uint64_t at = ptr; at < ptr + size;) {
+        struct allocation *m = lookup(K_MAPPING, at), *a = m->backing;
+        at += m->bytes;
+        m->kind = 0;
+        a->maps--;
+        let_go(a);
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    bool whole = size && mapped_until(ptr, ptr + size) == ptr + size;
+    return desc && count && whole ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    uint64_t at = (uint64_t)(uintptr_t)addr;
+    for (int i = 0; handle && i < MAX_ALLOCATIONS; i++) {
+        const struct allocation *m = &allocations[i];
+        if (m->kind == K_MAPPING && m->handle <= at && at < m->handle + m->bytes) {
+            m->backing->refs++;
+            *handle = m->backing->handle;
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType,
+                                      unsigned long long flags)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct allocation *a = live_handle(handle);
+    if (!shareableHandle || !a || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (!(a->types & handleType))
+        return CUDA_ERROR_INVALID_VALUE;   /* not asked for at creation */
+    if (!a->shared) {
+        int fd = memfd_create("fake-cuda-vmm", MFD_CLOEXEC);
+        void *m = MAP_FAILED;
+        if (fd >= 0 && ftruncate(fd, sizeof *a->shared) == 0)
+            m = mmap(NULL, sizeof *a->shared, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) {
+            if (fd >= 0)
+                close(fd);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        a->shared = m;
+        *a->shared = (struct vmm_export){VMM_MAGIC, getpid(), physical(a->ordinal), a->bytes, 1};
+        a->shared_fd = fd;
+    }
+    int fd = fcntl(a->shared_fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)shareableHandle = fd;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                        CUmemAllocationHandleType shHandleType)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = (int)(intptr_t)osHandle;
+    struct stat st;
+    struct vmm_export *x = MAP_FAILED;
+    if (handle && fstat(fd, &st) == 0 && st.st_size == sizeof *x)
+        x = mmap(NULL, sizeof *x, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (x == MAP_FAILED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int ordinal = -1;
+    for (int i = 0; i < nvisible; i++)
+        if (physical(i) == x->device)
+            ordinal = i;
+    bool valid = x->magic == VMM_MAGIC && __atomic_load_n(&x->holders, __ATOMIC_ACQUIRE);
+    /* Not the driver's, or memory of a device this process does not see. */
+    struct allocation *a = valid && ordinal >= 0
+                               ? record(K_HANDLE, next_handle, x->bytes, ordinal, NULL, NULL)
+                               : NULL;
+    if (!a) {
+        munmap(x, sizeof *x);
+        return valid ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    }
+    __atomic_add_fetch(&x->holders, 1, __ATOMIC_ACQ_REL);
+    a->refs = 1;
+    a->types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    a->shared = x;
+    a->shared_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    *handle = next_handle++;
+    return CUDA_SUCCESS;
+}
 
 /* ---- stream-ordered allocation ---- */
 
@@ -1095,6 +1368,15 @@ static const struct entry entries[] = {
     E("cuMemGetAllocationGranularity", 10020, cuMemGetAllocationGranularity),
     E("cuMemCreate", 10020, cuMemCreate),
     E("cuMemRelease", 10020, cuMemRelease),
+    E("cuMemAddressReserve", 10020, cuMemAddressReserve),
+    E("cuMemAddressFree", 10020, cuMemAddressFree),
+    E("cuMemMap", 10020, cuMemMap),
+    E("cuMemUnmap", 10020, cuMemUnmap),
+    E("cuMemSetAccess", 10020, cuMemSetAccess),
+    E("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    E("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
+    E("cuMemGetAllocationPropertiesFromHandle", 10020, cuMemGetAllocationPropertiesFromHandle),
+    E("cuMemRetainAllocationHandle", 11000, cuMemRetainAllocationHandle),
     E("cuMemAllocAsync", 11020, cuMemAllocAsync),
     PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
     E("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),

@@ -17,6 +17,8 @@
  *   resolve | wrapped
  *   gcapture MODE BYTES free|keep | gnode BYTES | glaunch N | gupload N | gtrim | gmem
  *   ipcexport N | ipcopen HEX | bgcapture MODE | bgend
+ *   vmmfd BYTES DEV | vmmexport N | vmmimport PID FD | vmmmap N BYTES | vmmmap2 N M BYTES
+ *   vmmretain N
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
  *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
@@ -49,6 +51,15 @@
  *             stream for MS ms (a launch-bound program: the device idles
  *             between its kernels); prints "gaps LAUNCHES SLOW": the launches
  *             made, and how many of their calls took a millisecond or more.
+ *   vmmfd     creates BYTES of VMM memory on DEV that can be exported as a
+ *             POSIX file descriptor; vmmexport exports handle N so and prints
+ *             "vmmexport RESULT PID FD"; vmmimport takes that descriptor from
+ *             process PID (pidfd_getfd) and imports it. vmmmap maps handle N
+ *             (BYTES of it) into a range it reserves and makes it accessible to
+ *             the current device (vmmmap2: handles N and M side by side, BYTES
+ *             of each); `free` of a mapping unmaps it (in one call) and frees the
+ *             range. vmmretain takes a new reference to the handle mapped by
+ *             mapping N (cuMemRetainAllocationHandle); `free` releases it.
  *   bgcapture another thread begins a capture of MODE on a stream of its own
  *             and holds it open; bgend ends it and prints its result (a
  *             capture invalidated by this thread's calls meanwhile fails).
@@ -60,6 +71,7 @@
 #include <cuda.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -67,11 +79,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "api.h"
+
+/* Older C library headers lack them; the numbers are the same on every architecture. */
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
 
 struct api {
     CUresult (*Init)(unsigned);
@@ -136,6 +158,17 @@ struct api {
     CUresult (*IpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
     CUresult (*IpcOpenMemHandle)(CUdeviceptr *, CUipcMemHandle, unsigned);
     CUresult (*IpcCloseMemHandle)(CUdeviceptr);
+    CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*MemAddressFree)(CUdeviceptr, size_t);
+    CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                       unsigned long long);
+    CUresult (*MemUnmap)(CUdeviceptr, size_t);
+    CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+    CUresult (*MemExportToShareableHandle)(void *, CUmemGenericAllocationHandle,
+                                           CUmemAllocationHandleType, unsigned long long);
+    CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *,
+                                             CUmemAllocationHandleType);
+    CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
 };
 
 struct binding {
@@ -209,6 +242,17 @@ static const struct binding bindings[] = {
     BIND(IpcGetMemHandle, "cuIpcGetMemHandle", cuIpcGetMemHandle, 4010),
     BIND(IpcOpenMemHandle, "cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2, 11000),
     BIND(IpcCloseMemHandle, "cuIpcCloseMemHandle", cuIpcCloseMemHandle, 4010),
+    BIND(MemAddressReserve, "cuMemAddressReserve", cuMemAddressReserve, 10020),
+    BIND(MemAddressFree, "cuMemAddressFree", cuMemAddressFree, 10020),
+    BIND(MemMap, "cuMemMap", cuMemMap, 10020),
+    BIND(MemUnmap, "cuMemUnmap", cuMemUnmap, 10020),
+    BIND(MemSetAccess, "cuMemSetAccess", cuMemSetAccess, 10020),
+    BIND(MemExportToShareableHandle, "cuMemExportToShareableHandle", cuMemExportToShareableHandle,
+         10020),
+    BIND(MemImportFromShareableHandle, "cuMemImportFromShareableHandle",
+         cuMemImportFromShareableHandle, 10020),
+    BIND(MemRetainAllocationHandle, "cuMemRetainAllocationHandle", cuMemRetainAllocationHandle,
+         11000),
 };
 
 #define NBINDINGS (sizeof bindings / sizeof *bindings)
@@ -269,11 +313,12 @@ static void bind_all(const char *mode)
 
 /* ---- objects the commands create ---- */
 
-enum kind { POINTER, ARRAY, MIPMAP, HANDLE, ASYNC, CONTEXT, GRAPH, IPC };
+enum kind { POINTER, ARRAY, MIPMAP, HANDLE, ASYNC, CONTEXT, GRAPH, IPC, MAPPING };
 
 struct object {
     enum kind kind;
-    uint64_t handle;
+    uint64_t handle;          /* MAPPING: its address */
+    uint64_t size;            /* MAPPING: its size */
 };
 
 static struct object objects[65536];
@@ -284,7 +329,7 @@ static int keep(enum kind kind, uint64_t handle)
 {
     if (nobjects == (int)(sizeof objects / sizeof *objects))
         die("too many objects", NULL);
-    objects[nobjects] = (struct object){kind, handle};
+    objects[nobjects] = (struct object){kind, handle, 0};
     return nobjects++;
 }
 
@@ -362,6 +407,10 @@ static CUresult free_object(int n)
         return api.GraphExecDestroy((CUgraphExec)o->handle);
     case IPC:
         return api.IpcCloseMemHandle(o->handle);
+    case MAPPING: {
+        CUresult r = api.MemUnmap(o->handle, o->size);
+        return r == CUDA_SUCCESS ? api.MemAddressFree(o->handle, o->size) : r;
+    }
     }
     return CUDA_ERROR_INVALID_VALUE;
 }
@@ -812,6 +861,72 @@ static int step(char **cmd, int left)
         r = api.MemCreate(&h, size_arg(a1), &prop, 0);
         report(c, r, HANDLE, h);
         return 3;
+    }
+    if (!strcmp(c, "vmmfd")) {
+        CUmemAllocationProp prop = device_prop(atoi(a2));
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        CUmemGenericAllocationHandle h = 0;
+        r = api.MemCreate(&h, size_arg(a1), &prop, 0);
+        report(c, r, HANDLE, h);
+        return 3;
+    }
+    if (!strcmp(c, "vmmexport")) {
+        int n = atoi(a1), fd = -1;
+        r = n >= 0 && n < nobjects && objects[n].kind == HANDLE
+                ? api.MemExportToShareableHandle(&fd, objects[n].handle,
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+                : CUDA_ERROR_INVALID_VALUE;
+        /* Any process of this user may take the descriptor (Yama's ptrace scope 1). */
+        prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+        out("vmmexport %s %d %d\n", name(r), (int)getpid(), fd);
+        return 2;
+    }
+    if (!strcmp(c, "vmmimport")) {
+        int pidfd = (int)syscall(SYS_pidfd_open, atoi(a1), 0);
+        int fd = pidfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pidfd, atoi(a2), 0);
+        if (fd < 0)
+            die("cannot take the exported descriptor (pidfd_getfd):", strerror(errno));
+        CUmemGenericAllocationHandle h = 0;
+        r = api.MemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        close(fd);
+        close(pidfd);
+        report(c, r, HANDLE, h);
+        return 3;
+    }
+    if (!strcmp(c, "vmmmap") || !strcmp(c, "vmmmap2")) {
+        /* One handle, or two side by side in one range (unmapped together by `free`). */
+        int count = c[6] ? 2 : 1, n[2] = {atoi(a1), atoi(count == 2 ? a2 : a1)};
+        size_t size = size_arg(count == 2 ? a3 : a2);
+        for (int i = 0; i < count; i++)
+            if (n[i] < 0 || n[i] >= nobjects || objects[n[i]].kind != HANDLE)
+                die("not a VMM handle:", i ? a2 : a1);
+        CUdeviceptr at = 0;
+        r = api.MemAddressReserve(&at, count * size, 0, 0, 0);
+        for (int i = 0; i < count && r == CUDA_SUCCESS; i++)
+            if ((r = api.MemMap(at + i * size, size, 0, objects[n[i]].handle, 0)) != CUDA_SUCCESS) {
+                if (i)
+                    api.MemUnmap(at, size);
+                api.MemAddressFree(at, count * size);
+            }
+        if (r == CUDA_SUCCESS) {
+            CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, current_device()},
+                                      CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            r = api.MemSetAccess(at, count * size, &access, 1);
+        }
+        report(c, r, MAPPING, at);
+        if (r == CUDA_SUCCESS)
+            objects[nobjects - 1].size = count * size;
+        return 2 + count;
+    }
+    if (!strcmp(c, "vmmretain")) {
+        int n = atoi(a1);
+        CUmemGenericAllocationHandle h = 0;
+        r = n >= 0 && n < nobjects && objects[n].kind == MAPPING
+                ? api.MemRetainAllocationHandle(&h, (void *)(uintptr_t)objects[n].handle)
+                : CUDA_ERROR_INVALID_VALUE;
+        report(c, r, HANDLE, h);
+        return 2;
     }
     if (!strcmp(c, "granularity")) {
         CUmemAllocationProp prop = device_prop(current_device());

@@ -94,11 +94,12 @@ class FakeGpu:
         return [line.split() for line in self.run(*words, **kwargs).stdout.splitlines()]
 
     @contextmanager
-    def running(self, *words: str, mode: str = "link", **extra: str) -> Iterator[Background]:
+    def running(self, *words: str, mode: str = "link", shim: bool = True,
+                **extra: str) -> Iterator[Background]:
         """Run the probe in the background up to its first ``wait``; kill it at the end."""
         process = subprocess.Popen(
             self.command(*words, mode=mode),
-            env=self.environment(True, **extra),
+            env=self.environment(shim, **extra),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -224,3 +224,55 @@ def test_the_real_drivers_entry_points_map_to_wrappers_version_for_version(
     }
     print(f"newest version {newest}: not wrapped: {unwrapped}")
     assert not unwrapped
+
+
+def test_vmm_memory_released_while_mapped_stays_charged_on_the_real_driver(
+    programs: Path,
+) -> None:
+    # Released right after mapping, as the CUDA samples do: the driver keeps the memory while
+    # it is mapped, and so does the account.
+    words = probe("init", "ctx", "0", "vmm", "2G", "0", "vmmmap", "0", "2G", "free", "0",
+                  "alloc", "2G", "free", "1", "alloc", "2G", "wait")
+    with started(words) as process:
+        lines = [line(process) for _ in range(9)]
+        held = process_memory(process.pid)
+    print(lines, f"driver-held={held}")
+    assert [words[:2] for words in lines[2:5]] == [
+        ["vmm", "CUDA_SUCCESS"], ["vmmmap", "CUDA_SUCCESS"], ["free", "CUDA_SUCCESS"]]
+    assert lines[5] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY"], "released but mapped: still held"
+    assert lines[6] == ["free", "CUDA_SUCCESS"]
+    assert lines[7][:2] == ["alloc", "CUDA_SUCCESS"], "unmapped: given back"
+    assert held <= LIMIT
+
+
+def test_memory_imported_from_another_process_counts_against_the_limit_on_the_real_driver(
+    programs: Path,
+) -> None:
+    # An unlimited process exports 3 GiB as a POSIX file descriptor; a process under the
+    # 4 GiB limit takes the descriptor (pidfd_getfd), imports and maps it.
+    exporter_words = [str(TESTS / "probe"), "link", "init", "ctx", "0", "vmmfd", "3G", "0",
+                      "vmmexport", "0", "wait"]
+    with started(exporter_words) as exporter:
+        exported = [line(exporter) for _ in range(5)]
+        assert exported[3][:2] == ["vmmexport", "CUDA_SUCCESS"] and exported[4] == ["waiting"]
+        pid, fd = exported[3][2:]
+        words = probe("init", "ctx", "0", "info", "vmmimport", pid, fd, "vmmmap", "0", "3G",
+                      "info", "alloc", "1G", "free", "1", "free", "0", "info", "alloc", "1G",
+                      "wait")
+        with started(words) as importer:
+            lines = [line(importer) for _ in range(12)]
+            held = process_memory(importer.pid)
+    print(exported, lines, f"driver-held={held}")
+
+    def used(info: list[str]) -> int:
+        assert info[:2] == ["info", "CUDA_SUCCESS"] and int(info[3]) == LIMIT
+        return LIMIT - int(info[2])
+
+    assert lines[3][:2] == ["vmmimport", "CUDA_SUCCESS"]
+    assert lines[4][:2] == ["vmmmap", "CUDA_SUCCESS"]
+    assert used(lines[5]) - used(lines[2]) == 3 * GIB, "the mapping is charged to the importer"
+    assert lines[6] == ["alloc", "CUDA_ERROR_OUT_OF_MEMORY"]
+    assert lines[7:9] == [["free", "CUDA_SUCCESS"], ["free", "CUDA_SUCCESS"]]
+    assert used(lines[9]) == used(lines[2]), "unmapped and released: given back"
+    assert lines[10][:2] == ["alloc", "CUDA_SUCCESS"]
+    assert held <= LIMIT
