@@ -22,6 +22,9 @@ at module level.
 
       {"version": 1, "gpus": [{"uuid": "GPU-5c3d...", "index": 0, "memory": <bytes>}, ...]}
 
+  A GPU in MIG mode is listed with its MIG devices (``MIG-...``), each with
+  its own memory and its GPU's index; an index names the whole GPU.
+
 - ``vcuda-run``'s private directory (``vcuda-run`` → node agent):
   ``$TMPDIR/vcuda-run-*/`` holding ``owner`` and ``limits``.
 - RFC 6901 escaping of resource and annotation names in JSON Patch paths.
@@ -308,9 +311,16 @@ def parse_limits(text: str) -> Limits:
 
 # The GPU inventory, which the node agent writes (atomically: readers never see
 # half a file) and the hook reads to map indices to UUIDs and to know how much
-# memory each GPU can give out. ``memory`` is the GPU's total in bytes.
+# memory each GPU can give out. ``memory`` is the GPU's total in bytes. The MIG
+# devices of a GPU in MIG mode come before it, with its index: a reader that
+# maps indices to the last entry of each gets the GPU.
 INVENTORY_VERSION = 1
 INVENTORY_NAME = "gpus.json"  # in the hook's state directory
+
+
+def is_mig(uuid: str) -> bool:
+    """Whether ``uuid`` names a MIG device (as NVIDIA's tools do, in any case)."""
+    return uuid[:4].upper() == "MIG-"
 
 
 class InventoryError(ContractError):

@@ -31,7 +31,7 @@ from __future__ import annotations
 from _collections_abc import Callable, Iterable, Mapping
 
 from runtime_hook import fast_json
-from runtime_hook.contract import ASSIGNMENT_ANNOTATION, Gpu
+from runtime_hook.contract import ASSIGNMENT_ANNOTATION, Gpu, is_mig
 from runtime_hook.hook_errors import HookError
 from runtime_hook.oci_spec import Container
 from runtime_hook.record import Record
@@ -163,7 +163,7 @@ def _uuids(
     ids: Iterable[str], by_key: Mapping[str, Gpu], no_inventory: bool, source: str
 ) -> tuple[str, ...]:
     """UUIDs (the inventory's spelling) of ``ids``; indices only when there is no inventory."""
-    by_index = {str(gpu.index): gpu.uuid for gpu in by_key.values()}
+    by_index = _by_index(by_key)
     found: list[str] = []
     for device in ids:
         device = device.strip()
@@ -202,7 +202,7 @@ def _check_environment(
 ) -> None:
     """Refuse when ``NVIDIA_VISIBLE_DEVICES`` names GPUs other than ``trusted``."""
     want = _keys(trusted)
-    by_index = {str(gpu.index): uuid for uuid, gpu in by_key.items()}
+    by_index = {index: uuid.lower() for index, uuid in _by_index(by_key).items()}
     for item in env:
         key, _, value = item.partition("=")
         if key != ENV_NAME or value.strip() in _NOT_DEVICES:
@@ -219,6 +219,11 @@ def _check_environment(
                 f"give it {_shown(trusted)}",
                 _FIX_ENV,
             )
+
+
+def _by_index(by_key: Mapping[str, Gpu]) -> dict[str, str]:
+    """The inventory's whole GPUs by index (a MIG device shares its GPU's index)."""
+    return {str(gpu.index): gpu.uuid for gpu in by_key.values() if not is_mig(gpu.uuid)}
 
 
 def _keys(uuids: Iterable[str]) -> set[str]:

@@ -21,6 +21,7 @@ from runtime_hook.contract import (
     MEMORY_UNIT,
     Gpu,
     InventoryError,
+    is_mig,
     pointer_token,
     read_inventory,
     resource_names,
@@ -76,7 +77,7 @@ def update_inventory(path: str, gpus: list[Gpu]) -> bool:
     if current is not None and set(current.values()) == set(gpus):
         return False
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    write_inventory(path, sorted(gpus, key=lambda gpu: gpu.index))
+    write_inventory(path, sorted(gpus, key=lambda gpu: (gpu.index, not is_mig(gpu.uuid))))
     return True
 
 

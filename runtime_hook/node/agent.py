@@ -69,11 +69,12 @@ class Advertiser:
         gpus = None
         try:
             found = self._nvml.gpus(self.problems)
+            migs = self._nvml.mig_devices(found, self.problems)
         except NvmlError as exc:  # keep what was advertised: the driver may be restarting
             self.problems.report("nvml", "NVML", str(exc))
         else:
             gpus = [Gpu(g.uuid, g.index, g.memory_total) for g in found]
-            self._write_inventory(gpus)
+            self._write_inventory(gpus + migs)  # the hook checks MIG devices too
             if self._status is not None:
                 self._advertise(self._status, gpus)
             if self._driver is not None:

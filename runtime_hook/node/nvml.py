@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from runtime_hook.contract import Gpu
 from runtime_hook.hook_errors import NodeError
 from runtime_hook.node.logs import Problems
 
@@ -73,6 +74,40 @@ class Nvml:
                 except lib.NVMLError as exc:
                     problems.report("nvml", f"GPU {index}", f"NVML: {exc}")
             return found
+
+    def mig_devices(self, gpus: list[GpuState], problems: Problems) -> list[Gpu]:
+        """The MIG devices of those of ``gpus`` in MIG mode: their UUID (``MIG-...``), the
+        index of their GPU and their own memory in bytes. A GPU whose MIG devices cannot be
+        read is reported and gives none; NVML failing raises NvmlError."""
+        found = []
+        with self._lock:
+            lib = self._start()
+            for gpu in gpus:
+                try:
+                    found += self._migs(lib, gpu.index)
+                except lib.NVMLError as exc:
+                    problems.report("nvml", f"MIG devices of GPU {gpu.index}", f"NVML: {exc}")
+        return found
+
+    @staticmethod
+    def _migs(lib: Any, index: int) -> list[Gpu]:
+        handle = lib.nvmlDeviceGetHandleByIndex(index)
+        try:
+            current, _ = lib.nvmlDeviceGetMigMode(handle)
+        except lib.NVMLError_NotSupported:
+            return []  # a GPU without MIG
+        if current != lib.NVML_DEVICE_MIG_ENABLE:
+            return []
+        migs = []
+        for slot in range(lib.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except lib.NVMLError_NotFound:
+                continue  # no instance in this slot
+            uuid = lib.nvmlDeviceGetUUID(mig)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            migs.append(Gpu(uuid, index, lib.nvmlDeviceGetMemoryInfo(mig).total))
+        return migs
 
     def model(self, index: int) -> tuple[str, tuple[int, int]]:
         """GPU ``index``'s product name and CUDA compute capability (major, minor)."""

@@ -16,7 +16,7 @@ MIG = "MIG-7f1e2d3c-0000-4000-8000-00000000000c"
 INVENTORY = {
     A: Gpu(uuid=A, index=0, memory=16 * GIB),
     B: Gpu(uuid=B, index=1, memory=80 * GIB),
-    MIG: Gpu(uuid=MIG, index=2, memory=10 * GIB),
+    MIG: Gpu(uuid=MIG, index=1, memory=10 * GIB),  # a MIG device of B, listed with its index
 }
 PLUGIN_ENV = "NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"
 
@@ -55,6 +55,13 @@ def test_device_plugin_mounts_give_the_gpus_in_the_inventorys_spelling(
     devices: tuple[str, ...], expected: tuple[str, ...]
 ) -> None:
     assert assigned(_container(*devices), INVENTORY) == Devices(expected, expected)
+
+
+def test_an_index_names_the_whole_gpu_and_never_a_mig_device_of_it() -> None:
+    assert assigned(_container("1"), INVENTORY) == Devices((B,), (B,))
+    assert assigned(_container(MIG), INVENTORY) == Devices((MIG,), (MIG,))
+    with pytest.raises(HookError, match="environment sets NVIDIA_VISIBLE_DEVICES=1, but"):
+        assigned(_container(MIG, env=(PLUGIN_ENV, "NVIDIA_VISIBLE_DEVICES=1")), INVENTORY)
 
 
 def test_environment_without_trusted_mounts_gives_no_gpu_and_refuses_the_start() -> None:

@@ -9,7 +9,10 @@ NVML's rules are kept: nothing works before ``nvmlInit`` or after the last
 newer than the timestamp it is given (CPU time in microseconds), only for
 processes that were busy, and ``NVML_ERROR_NOT_FOUND`` when there is none.
 Faults are set per test: no driver, a GPU that fell off the bus, a GPU
-without utilization counters.
+without utilization counters. MIG as NVML has it: a GPU without MIG answers
+``NVML_ERROR_NOT_SUPPORTED`` to its MIG mode; one in MIG mode has up to 7 MIG
+device slots, an empty slot answers ``NVML_ERROR_NOT_FOUND``, and a MIG
+device's handle answers the UUID and memory queries of its own.
 """
 
 from __future__ import annotations
@@ -37,12 +40,18 @@ class FakeDevice:
     sample_age: float = 0.1  # seconds between the latest sample and the query
     name: str = "NVIDIA H100 80GB HBM3"
     compute_capability: tuple[int, int] = (9, 0)
+    mig_mode: int | None = None  # NVML_DEVICE_MIG_ENABLE or _DISABLE; None: a GPU without MIG
+    migs: list[FakeDevice | None] = field(default_factory=list)  # MIG devices by slot
+
+
+MIG_SLOTS = 7  # nvmlDeviceGetMaxMigDeviceCount of an H100
 
 
 class FakeNvml:
     """Stands in for the ``pynvml`` module; ``devices`` in NVML index order."""
 
     NVMLError = pynvml.NVMLError
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
 
     def __init__(self, devices: list[FakeDevice], driver_loaded: bool = True) -> None:
         self.devices = devices
@@ -98,6 +107,23 @@ class FakeNvml:
         memory.free = device.memory_total - device.memory_used
         return memory
 
+    def nvmlDeviceGetMigMode(self, handle: FakeDevice) -> list[int]:
+        device = self._mig_capable("nvmlDeviceGetMigMode", handle)
+        return [device.mig_mode, device.mig_mode]  # current and pending
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeDevice) -> int:
+        self._mig_capable("nvmlDeviceGetMaxMigDeviceCount", handle)
+        return MIG_SLOTS
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeDevice, index: int) -> FakeDevice:
+        device = self._mig_capable("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if device.mig_mode != pynvml.NVML_DEVICE_MIG_ENABLE or not 0 <= index < MIG_SLOTS:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        mig = device.migs[index] if index < len(device.migs) else None
+        if mig is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return mig
+
     def nvmlDeviceGetUtilizationRates(self, handle: FakeDevice) -> pynvml.c_nvmlUtilization_t:
         device = self._device("nvmlDeviceGetUtilizationRates", handle)
         if not device.has_utilization:
@@ -136,6 +162,12 @@ class FakeNvml:
         self.queries.append(call)
         if self._refcount <= 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _mig_capable(self, call: str, handle: FakeDevice) -> FakeDevice:
+        device = self._device(call, handle)
+        if device.mig_mode is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return device
 
     def _device(self, call: str, handle: FakeDevice) -> FakeDevice:
         self._ready(call)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pynvml
 import pytest
 
 from runtime_hook import contract
@@ -170,6 +171,22 @@ def test_the_inventory_is_written_for_the_hook_and_only_rewritten_when_gpus_chan
     advertiser.once()
     assert path.stat().st_ino != inode
     assert contract.read_inventory(str(path))["GPU-b"].memory == 48 * GIB  # type: ignore[index]
+
+
+def test_the_inventory_lists_the_mig_devices_of_a_gpu_in_mig_mode_before_it(
+    api: FakeNodesApi, kubeconfig: str, tmp_path: Path
+) -> None:
+    # The hook finds a MIG device the device plugin gives by its UUID; the resources
+    # advertised still count whole GPUs.
+    mig = "MIG-7f1e2d3c-0000-4000-8000-00000000000c"
+    devices = [FakeDevice("GPU-a", 80 * GIB, mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE,
+                          migs=[FakeDevice(mig, 20 * GIB)]), FakeDevice("GPU-b", 40 * GIB)]
+    advertiser = _advertiser(tmp_path, kubeconfig, devices)
+    advertiser.once()
+    written = json.loads(Path(advertiser.inventory).read_text())["gpus"]
+    assert [(g["uuid"], g["index"], g["memory"]) for g in written] == [
+        (mig, 0, 20 * GIB), ("GPU-a", 0, 80 * GIB), ("GPU-b", 1, 40 * GIB)]
+    assert _vcuda(api)["docker.com/vcuda-memory"] == "480"
 
 
 def test_a_damaged_inventory_is_replaced(api: FakeNodesApi, kubeconfig: str,

@@ -9,8 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pynvml
 import pytest
 
+from runtime_hook.contract import Gpu
 from runtime_hook.node.logs import Problems
 from runtime_hook.node.nvml import UTILIZATION_WINDOW, GpuState, Nvml, NvmlError
 from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
@@ -32,6 +34,32 @@ def test_gpus_lists_each_gpu_with_index_uuid_memory_and_utilization(problems: Pr
         GpuState(1, "GPU-b", 40 * GIB, 0, None),
     ]
     assert lib.inits == 1
+
+
+def test_mig_devices_are_listed_with_their_gpus_index_and_their_own_memory(
+    problems: Problems,
+) -> None:
+    first, second = FakeDevice("MIG-1", 10 * GIB), FakeDevice("MIG-2", 20 * GIB)
+    lib = FakeNvml([
+        FakeDevice("GPU-mig", 80 * GIB, mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE,
+                   migs=[first, None, second]),  # slot 1 empty
+        FakeDevice("GPU-whole", 80 * GIB, mig_mode=pynvml.NVML_DEVICE_MIG_DISABLE),
+        FakeDevice("GPU-old", 16 * GIB),  # no MIG at all
+    ])
+    nvml = Nvml(lib)
+    assert nvml.mig_devices(nvml.gpus(problems), problems) == [
+        Gpu("MIG-1", 0, 10 * GIB), Gpu("MIG-2", 0, 20 * GIB)]
+    assert not problems.counts
+
+
+def test_a_gpu_whose_mig_devices_cannot_be_read_gives_none_and_is_reported(
+    problems: Problems,
+) -> None:
+    broken = FakeDevice("GPU-mig", 80 * GIB, mig_mode=pynvml.NVML_DEVICE_MIG_ENABLE,
+                        migs=[FakeDevice("MIG-1", 10 * GIB, lost=True)])
+    nvml = Nvml(FakeNvml([broken]))
+    assert nvml.mig_devices(nvml.gpus(problems), problems) == []
+    assert problems.counts["nvml"] == 1
 
 
 def test_a_gpu_that_fell_off_the_bus_is_left_out_and_reported(problems: Problems) -> None:
