@@ -91,11 +91,13 @@ def _release(bin_dir: Path) -> Release | None:
 
 
 def releases() -> list[Release]:
-    """The system's containerd and those unpacked under ``build/containerd``, oldest first."""
+    """The system's containerd and those unpacked under ``build/containerd``, oldest first,
+    one of each version."""
     system = shutil.which("containerd")
     found = [_release(Path(system).parent)] if system else []
     found += [_release(d / "usr" / "bin") for d in sorted(UNPACKED.glob("*"))]
-    return sorted({r for r in found if r is not None}, key=lambda r: r.major_minor)
+    by_version = {r.version: r for r in reversed(found) if r is not None}  # the system's first
+    return sorted(by_version.values(), key=lambda r: r.major_minor)
 
 
 def missing() -> str | None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
-from tests.cri.node import CDI_DIRS, SANDBOX_IMAGE, ContainerdNode, cri_plugins
+from tests.cri.client import CriError
+from tests.cri.node import CDI_DIRS, SANDBOX_IMAGE, ContainerdNode, containerd_config, cri_plugins
 
 
 def test_containerd_runs_the_installed_handler_with_the_nodes_own_cri_settings(
@@ -49,3 +52,27 @@ def test_a_second_install_on_the_node_changes_nothing(cri_node: ContainerdNode) 
     assert result.returncode == 0, result.stderr
     [done] = [e for e in map(json.loads, result.stderr.splitlines()) if e["event"] == "installed"]
     assert done["changed"] == []
+
+
+def test_uninstall_leaves_containerd_as_it_was_and_a_new_install_brings_the_handler_back(
+    cri_node: ContainerdNode,
+) -> None:
+    config = cri_node.path("/etc/containerd/config.toml")
+    try:
+        done = cri_node.in_node(sys.executable, "-m", "runtime_hook.node", "uninstall",
+                                "--no-restart-runtime")
+        assert done.returncode == 0, done.stderr
+        assert config.read_text() == containerd_config(cri_node.work, cri_node.release)
+        assert not cri_node.path("/etc/containerd/conf.d").exists()
+        assert not cri_node.path("/etc/vcuda").exists()
+        cri_node.stop_containerd()  # as systemctl restart does
+        cri_node.start_containerd()
+        with pytest.raises(CriError, match=r"no runtime for \"vcuda\" is configured"):
+            cri_node.cri.run_pod("orphan")
+        cri_node.cri.run_pod("plain", handler="")  # the node's own runtime is still there
+    finally:
+        again = cri_node.install()
+        cri_node.stop_containerd()
+        cri_node.start_containerd()
+    assert again.returncode == 0, again.stderr
+    cri_node.cri.run_pod("back")
