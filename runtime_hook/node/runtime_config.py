@@ -9,7 +9,8 @@ default runtime) and goes where that containerd reads it:
 
 - containerd 2.x (configuration version 3) merges imported files key by key:
   the handler is a drop-in, and a main ``config.toml`` without ``imports``
-  gets one line importing it;
+  gets one line importing it (an empty ``imports`` list, which ``containerd
+  config default`` writes, is commented out for it, and restored by uninstall);
 - containerd 1.6 and 1.7 (version 2) let an imported file replace a plugin's
   whole section, so a drop-in would wipe the node's own CRI settings (its
   sandbox image, its ``runc`` runtime): the handler's lines are added to
@@ -47,6 +48,10 @@ _CRIO_HOOKS = ("crio-vcuda-prestart.json", "crio-vcuda-poststop.json")
 _DEFAULT_RUNC = ('[plugins."{plugin}".containerd.runtimes.runc]\n'
                  '  runtime_type = "io.containerd.runc.v2"')
 _MARK = "# added by vcuda-node install; vcuda-node uninstall removes this line"
+# The prefix of a line of the node's that install commented out; uninstall restores it.
+_SET_ASIDE = "# set aside by vcuda-node install; vcuda-node uninstall restores it: "
+# `containerd config default` (2.x) writes an empty imports list; install replaces it.
+_EMPTY_IMPORTS = re.compile(r"(?m)^[ \t]*imports[ \t]*=[ \t]*\[[ \t]*\][ \t]*(#.*)?\n?")
 # Where NVIDIA's container runtime is found: its packages, the GPU Operator's toolkit.
 NVIDIA_RUNTIMES = ("/usr/bin/nvidia-container-runtime",
                    "/usr/local/nvidia/toolkit/nvidia-container-runtime",
@@ -245,18 +250,27 @@ def _refuse_imported_cri_settings(config: str, host_root: str) -> None:
 
 
 def _add_import(config: str) -> str:
-    """``config`` with a marked line importing the drop-in; RuntimeConfigError if it has
-    ``imports``."""
-    if "imports" in _toml(config):
-        raise RuntimeConfigError(f"{CONTAINERD_CONFIG} has an imports list without "
-                                 f"{CONTAINERD_DROP_IN}: add it there, then install again")
+    """``config`` with a marked line importing the drop-in; RuntimeConfigError if it imports
+    other files. An empty ``imports`` line is set aside (commented out, marked) for it."""
     line = f"imports = [{json.dumps(CONTAINERD_DROP_IN)}]  {_MARK}\n"
+    if "imports" in _toml(config):
+        empty = _EMPTY_IMPORTS.search(config)
+        if _toml(config)["imports"] != [] or empty is None:
+            raise RuntimeConfigError(f"{CONTAINERD_CONFIG} has an imports list without "
+                                     f"{CONTAINERD_DROP_IN}: add it there, then install again")
+        aside = _SET_ASIDE + empty.group(0).rstrip("\n") + "\n"
+        edited = config[:empty.start()] + aside + line + config[empty.end():]
+        return _checked_import(edited)
     lines = config.splitlines(keepends=True)
     # Top-level keys must come before the first table: right after `version`, or first.
     at = next((i + 1 for i, text in enumerate(lines) if re.match(r"\s*version\s*=", text)), 0)
     if at and not lines[at - 1].endswith("\n"):
         lines[at - 1] += "\n"
-    edited = "".join([*lines[:at], line, *lines[at:]])
+    return _checked_import("".join([*lines[:at], line, *lines[at:]]))
+
+
+def _checked_import(edited: str) -> str:
+    """``edited``, once it imports the drop-in; else RuntimeConfigError."""
     if not imports_drop_in(edited):
         raise RuntimeConfigError(
             f"{CONTAINERD_CONFIG} could not be made to import {CONTAINERD_DROP_IN}: "
@@ -266,12 +280,13 @@ def _add_import(config: str) -> str:
 
 def remove_added_lines(config: str) -> str:
     """``config`` without the lines install added."""
-    return "".join(line for line in config.splitlines(keepends=True) if _MARK not in line)
+    return "".join(line.removeprefix(_SET_ASIDE) for line in config.splitlines(keepends=True)
+                   if _MARK not in line)
 
 
 def has_added_lines(config: str) -> bool:
     """Whether ``config`` holds lines install added."""
-    return _MARK in config
+    return _MARK in config or _SET_ASIDE in config
 
 
 def _runtimes(config: dict, version: int) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -59,9 +60,7 @@ def test_uninstall_leaves_containerd_as_it_was_and_a_new_install_brings_the_hand
 ) -> None:
     config = cri_node.path("/etc/containerd/config.toml")
     try:
-        done = cri_node.in_node(sys.executable, "-m", "runtime_hook.node", "uninstall",
-                                "--no-restart-runtime")
-        assert done.returncode == 0, done.stderr
+        _uninstall(cri_node)
         assert config.read_text() == containerd_config(cri_node.work, cri_node.release)
         assert not cri_node.path("/etc/containerd/conf.d").exists()
         assert not cri_node.path("/etc/vcuda").exists()
@@ -76,3 +75,47 @@ def test_uninstall_leaves_containerd_as_it_was_and_a_new_install_brings_the_hand
         cri_node.start_containerd()
     assert again.returncode == 0, again.stderr
     cri_node.cri.run_pod("back")
+
+
+def _uninstall(node: ContainerdNode) -> None:
+    done = node.in_node(sys.executable, "-m", "runtime_hook.node", "uninstall",
+                        "--no-restart-runtime")
+    assert done.returncode == 0, done.stderr
+
+
+def _dumped_handler(node: ContainerdNode) -> dict:
+    """The vcuda runtime as the node's containerd reads its configuration, {} if none."""
+    dumped = node.in_node(node.release.tool("containerd"), "--config",
+                          "/etc/containerd/config.toml", "config", "dump")
+    assert dumped.returncode == 0, dumped.stderr
+    cri = tomllib.loads(dumped.stdout)["plugins"][cri_plugins(node.release.config_version)[0]]
+    return cri["containerd"]["runtimes"].get("vcuda", {})
+
+
+def test_install_takes_the_config_containerd_writes_by_default_and_uninstall_restores_it(
+    cri_node: ContainerdNode,
+) -> None:
+    """``containerd config default`` with the systemd cgroup driver, as kubeadm's guide has a
+    node make it (2.x writes an empty ``imports`` list there)."""
+    written = subprocess.run([cri_node.release.tool("containerd"), "config", "default"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout
+    default = written.replace("SystemdCgroup = false", "SystemdCgroup = true")
+    assert default != written
+    config = cri_node.path("/etc/containerd/config.toml")
+    own = None
+    try:
+        _uninstall(cri_node)
+        own = config.read_text()
+        config.write_text(default)
+        result = cri_node.install()
+        assert result.returncode == 0, result.stderr
+        handler = _dumped_handler(cri_node)
+        assert handler["base_runtime_spec"] == "/etc/vcuda/base-runtime-spec.json"
+        assert handler["options"]["SystemdCgroup"] is True
+        _uninstall(cri_node)
+        assert config.read_text() == default
+        assert _dumped_handler(cri_node) == {}
+    finally:
+        if own is not None:
+            config.write_text(own)
+        assert cri_node.install().returncode == 0

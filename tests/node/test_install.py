@@ -168,6 +168,21 @@ def test_a_containerd_2_node_gets_the_version_3_drop_in(node: Node, library: Pat
     assert "vcuda-node" not in node.path("/etc/containerd/config.toml").read_text()
 
 
+def test_an_empty_imports_list_is_set_aside_for_the_drop_in_and_uninstall_restores_it(
+    node: Node, library: Path,
+) -> None:
+    # As `containerd config default` (2.x) writes it.
+    own = "version = 3\nroot = '/var/lib/containerd'\nimports = []\n\n[grpc]\n  uid = 0\n"
+    node.write("/etc/containerd/config.toml", own)
+    assert "/etc/containerd/config.toml" in _changed(_install(node, library))
+    edited = node.path("/etc/containerd/config.toml").read_text()
+    assert tomllib.loads(edited) == {**tomllib.loads(own),
+                                     "imports": ["/etc/containerd/conf.d/vcuda.toml"]}
+    assert "/etc/containerd/config.toml" not in _changed(_install(node, library))
+    _ok(node.run("uninstall"))
+    assert node.path("/etc/containerd/config.toml").read_text() == own
+
+
 @pytest.mark.parametrize("systemd", [True, False])
 def test_the_handler_takes_the_cgroup_driver_of_the_nodes_default_runtime(
     node: Node, library: Path, systemd: bool
