@@ -25,7 +25,7 @@ struct vc_launch {
     struct vc_pacer_context *context;
     CUstream stream;
     bool ptsz;            /* a _ptsz call: stream 0 is the per-thread stream */
-    bool guessed;         /* charged a guess: the kernel's estimate was not settled yet */
+    bool guessed;         /* charged a guess: the kernel's cost was not trusted yet */
     bool timed;
     bool ends;            /* timed, and its record's end event goes right behind it */
     uint32_t record;      /* its timing record (or run), when timed */

@@ -8,6 +8,7 @@ The pacing arithmetic alone is checked on a simulated clock (pacing_sim).
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -276,3 +277,22 @@ def test_the_account_shows_the_gpu_time_charged_and_the_log_the_share(gpu: FakeG
     charged = account_gpu_ns(gpu.account)[fake_uuid(0)]
     assert abs(charged - launches * MS) <= 0.05 * launches * MS
     assert "of the device's time charged to the container" in result.stderr
+
+
+def test_at_exit_the_log_tells_how_the_launches_were_timed_waited_and_charged(
+    gpu: FakeGpu,
+) -> None:
+    limited(gpu, 30)
+    result = gpu.run(*LOAD, *load("kernel", 1 * MS, 1000), VCUDA_LOG_LEVEL="info")
+    launches = int(result.stdout.splitlines()[-1].split()[2])
+    found = re.search(
+        r"paced (\d+) launches \((\d+) timed alone, (\d+) in runs, (\d+) untimed\); "
+        r"(\d+) waited for the bucket, ([\d.]+) s in all; charged ([\d.]+) s up front",
+        result.stderr)
+    assert found, result.stderr
+    paced, alone, in_runs, untimed, waits = map(int, found.groups()[:5])
+    waited, up_front = map(float, found.groups()[5:])
+    assert paced == launches == alone + in_runs + untimed
+    # At 30% of the device, 1 ms kernels back to back wait about 70% of the time.
+    assert waits > 0 and 0.5 <= waited <= 1.0, (waits, waited)
+    assert up_front > 0

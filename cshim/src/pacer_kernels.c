@@ -1,0 +1,62 @@
+/* Each kernel's cost: an estimate per kernel, learned from its timed launches. */
+#define _GNU_SOURCE
+#include "pacer_state.h"
+
+#include <string.h>
+
+#include "log.h"
+
+struct kernel *pacer_kernel(uint64_t key)
+{
+    struct kernel *k = &pacer.kernels[key % KERNELS];
+    return k->key == key ? k : NULL;
+}
+
+struct kernel *pacer_claim_kernel(uint64_t key, int device)
+{
+    struct kernel *k = &pacer.kernels[key % KERNELS];
+    if (k->key != key) {
+        /* Another kernel's estimate makes room; its launches in flight find no entry. */
+        memset(k, 0, sizeof *k);
+        k->key = key;
+        k->device = device;
+    }
+    return k;
+}
+
+/* The most a launch of kernel k is charged once timed: a steady kernel,
+ * percent over its estimate (what exceeds that ran while another process had
+ * the device); any other, what was measured. */
+int64_t pacer_cap(const struct kernel *k, int64_t percent)
+{
+    return k->estimate.steady ? k->estimate.ns + k->estimate.ns * percent / 100
+                              : INT64_MAX / (2 * RUN);
+}
+
+/* Takes what a timed launch of kernel k was charged into account: the next
+ * launches are charged about that much up front. */
+void pacer_learn_cost(struct kernel *k, int64_t cost)
+{
+    k->cost = k->costs++ ? k->cost + (cost - k->cost) / 8 : cost;
+    pacer.typical_ns = k->cost;
+    /* Not at the first launch: it may have waited behind the untimed ones, so
+     * for them the lower of the cost and the estimate (which leaves waits out). */
+    if (k->costs == TRUSTED) {
+        int64_t each = k->cost < k->estimate.ns ? k->cost : k->estimate.ns;
+        vc_log(VC_LOG_DEBUG, "kernel %016llx costs %lld ns", (unsigned long long)k->key,
+               (long long)each);
+        pacer_charge(k->device, each * k->untimed_guesses - k->untimed_guess_ns);
+        k->untimed_guesses = 0;
+        k->untimed_guess_ns = 0;
+    }
+}
+
+/* The untimed launch l of a kernel not trusted yet is corrected once it is. */
+void pacer_remember_guess(const struct vc_launch *l)
+{
+    struct kernel *k = pacer_kernel(l->key);
+    if (l->guessed && k) {
+        k->untimed_guesses++;
+        k->untimed_guess_ns += l->charged;
+    }
+}

@@ -1,0 +1,145 @@
+/* Timing records: which launches are timed, alone or in runs, and with which events. */
+#define _GNU_SOURCE
+#include "pacer_state.h"
+
+#include <pthread.h>
+
+/* The same key for the same stream: the per-thread default stream is a
+ * stream of each thread, the legacy stream has two names. */
+uint64_t pacer_stream_key(CUstream stream, bool ptsz)
+{
+    if (stream == CU_STREAM_PER_THREAD || (ptsz && !stream))
+        return (uintptr_t)pthread_self() | 2;   /* handles are aligned: never | 2 */
+    return !stream || stream == CU_STREAM_LEGACY ? 1 : (uintptr_t)stream;
+}
+
+/* Takes a record with the context's events for launch l of kernel k (two
+ * with_start, else one); false if there are not enough. */
+static bool take_record(struct vc_launch *l, const struct kernel *k, bool with_start, int64_t now)
+{
+    struct vc_pacer_context *c = l->context;
+    if (c->nfree < EVENTS_LOW)
+        pthread_cond_signal(&pacer.wake);
+    if (c->nfree < 1u + with_start || pacer.tail - pacer.head == RECORDS)
+        return false;
+    l->record = pacer.tail++;
+    /* A reference older than a rebase or two places launches imprecisely. */
+    bool placed = c->published >= 0 && now - c->published_at < 3 * REBASE_NS;
+    CUevent start = with_start ? c->free[--c->nfree] : NULL;
+    pacer.records[l->record % RECORDS] = (struct record){
+        .context = c,
+        .start = start,
+        .end = c->free[--c->nfree],
+        .stream = pacer_stream_key(l->stream, l->ptsz),
+        .key = l->key,
+        .device = l->device,
+        .generation = placed ? c->published : -1,
+        .charged = l->charged,
+        .cap = pacer_cap(k, OVER_PERCENT),
+        .seq = l->record,
+        .state = OPEN,
+    };
+    return true;
+}
+
+/* This thread's open run, if it is still open (lock held). */
+struct record *pacer_open_run(void)
+{
+    struct record *r = &pacer.records[thread_run.seq % RECORDS];
+    thread_run.open = thread_run.open && r->seq == thread_run.seq && r->state == OPEN
+                      && r->context == thread_run.context;
+    return thread_run.open ? r : NULL;
+}
+
+/* Whether launch l, on stream at now, of a kernel whose cost is trusted or
+ * not, may join this thread's open run: the same context and stream, the run
+ * not full, its kernels still queued (else the device may idle inside it),
+ * and the kernel's cost known (one not trusted is timed alone, to learn it). */
+bool pacer_joins_run(const struct vc_launch *l, bool trusted, uint64_t stream, int64_t now)
+{
+    const struct record *r = pacer_open_run();
+    return r && trusted && thread_run.context == l->context && thread_run.stream == stream
+           && r->launches < RUN && now <= r->drained;
+}
+
+/* Opens a run with launch l of kernel k (lock held). */
+static void open_run_with(struct vc_launch *l, const struct kernel *k, uint64_t stream,
+                          int64_t now)
+{
+    struct record *r = &pacer.records[l->record % RECORDS];
+    r->launches = 1;
+    r->cap = pacer_cap(k, RUN_OVER_PERCENT);
+    r->drained = now + l->charged;
+    thread_run.open = true;
+    thread_run.seq = l->record;
+    thread_run.context = l->context;
+    thread_run.stream = stream;
+}
+
+/* Launch l of kernel k joins this thread's open run (lock held). */
+static void join_run(struct vc_launch *l, const struct kernel *k, int64_t now)
+{
+    struct record *r = &pacer.records[thread_run.seq % RECORDS];
+    r->launches++;
+    r->charged += l->charged;
+    r->cap += pacer_cap(k, RUN_OVER_PERCENT);
+    r->mixed = r->mixed || k->key != r->key;
+    r->drained = (r->drained > now ? r->drained : now) + l->charged;
+    l->timed = true;
+    l->record = thread_run.seq;
+    l->ends = r->launches == RUN;
+}
+
+/* Whether launch l of kernel k is timed, and how; true when it takes a new
+ * record. A launch is timed by an event right behind it and, to know when
+ * its kernel started, one right before it. But an event between two kernels
+ * of a stream costs the device a moment (about 2 us on an H200, a sixth of a
+ * 12 us kernel), and a launch timed alone is charged that moment too. So a
+ * small kernel goes without the event before it (its start is when the
+ * launch before it on its stream ended, or its launch call if later); and in
+ * a process that launches on one stream, a small kernel whose cost is known
+ * opens a run that the launches right after it join (any kernel whose cost
+ * is known), up to RUN, timed by one pair of events. A run's start event
+ * matters: the device may be running another process's time slice when it
+ * begins, and its kernels start only after that. One right behind a full run
+ * has none: the full run's end event is its start. Kernels on several
+ * streams are all timed, to be on the timeline and count once where they
+ * overlap. */
+bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, int64_t now)
+{
+    uint64_t stream = pacer_stream_key(l->stream, l->ptsz);
+    if (stream != pacer.last_stream)
+        pacer.same_stream = 0;
+    else if (pacer.same_stream < ONE_STREAM)
+        pacer.same_stream++;
+    pacer.last_stream = stream;
+    bool trusted = k->costs >= TRUSTED, follows = thread_run.filled == stream;
+    thread_run.filled = 0;
+    pacer.tally.launches++;
+    pacer.tally.up_front_ns += l->charged;
+    if (pacer_joins_run(l, trusted, stream, now)) {
+        join_run(l, k, now);
+        pacer.tally.in_runs++;
+        return false;
+    }
+    bool small = trusted && k->cost < SMALL_NS;
+    bool runs = small && pacer.same_stream >= ONE_STREAM;
+    l->timed = take_record(l, k, !small || (runs && !follows), now);
+    l->ends = !runs;
+    pacer.tally.untimed += !l->timed;
+    pacer.tally.in_runs += l->timed && runs;
+    pacer.tally.alone += l->timed && !runs;
+    if (l->timed && runs)
+        open_run_with(l, k, stream, now);
+    return l->timed;
+}
+
+/* Closes record seq, if still open (lock held): ENDED, or VOID when its timing failed. */
+void pacer_close_locked(uint32_t seq, struct vc_pacer_context *context, enum record_state state)
+{
+    struct record *r = &pacer.records[seq % RECORDS];
+    if (r->seq == seq && r->context == context && r->state == OPEN) {
+        r->state = state;
+        pthread_cond_signal(&pacer.wake);
+    }
+}

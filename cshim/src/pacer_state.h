@@ -1,0 +1,174 @@
+/*
+ * The pacer's private state, shared by its files (not part of the library's
+ * interface): its limits, the structures it keeps and the one hidden state
+ * they live in, guarded by pacer.lock. The pacer is split by concern:
+ *
+ *   c          the entry points: launches, contexts that go, fork;
+ *   pacer_charge.c   the bucket: charging GPU time, waiting for it;
+ *   pacer_kernels.c  each kernel's cost, learned from its timed launches;
+ *   pacer_records.c  timing records: one launch, or a run of launches;
+ *   pacer_thread.c   the thread that reads the records' events and charges
+ *                    what each record's launches really took.
+ */
+#ifndef VC_PACER_STATE_H
+#define VC_PACER_STATE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "devices.h"
+#include "estimate.h"
+#include "pacer.h"
+
+#define MAX_CONTEXTS 8
+#define KERNELS 1024            /* estimates kept, direct-mapped by key */
+#define RECORDS 1024            /* timed launches not read yet, in launch order */
+#define EVENTS 1024             /* per context: one per record */
+#define EVENTS_LOW 64           /* the thread adds events to a context below this */
+#define EVENTS_BATCH 256
+#define REFS 4                  /* reference events per context, by generation */
+#define LANES 64                /* streams whose last launch end a context remembers */
+#define REBASE_NS 500000000LL   /* a new reference this often: float ms stay exact to 0.1 us */
+#define REF_SLOP_NS 30000       /* a reference must complete this soon to place launches */
+#define BATCH 256               /* records the thread reads at a time */
+#define FIRST_GUESS_NS 100000   /* charged for a kernel never measured, before any other was */
+#define TRUSTED 4               /* timed launches after which a kernel's cost is trusted */
+#define SMALL_NS 200000         /* a kernel shorter than this is timed in runs */
+#define ONE_STREAM 64           /* ... when the process's last launches all went to one stream */
+#define RUN 32                  /* the most launches a run times with one pair of events */
+#define RUN_STALE_NS 20000000   /* a run this long past its projected end is given up */
+#define OVER_PERCENT 25         /* a launch is charged at most this much over its estimate */
+#define RUN_OVER_PERCENT 10     /* ... in a run, whose mean time strays less than one's */
+#define TICK_NS 1000000         /* the thread reads completed events this often */
+#define NAP_NS 20000000         /* a waiting launch looks at the bucket again this often */
+#define REPORT_NS 1000000000LL  /* the thread logs each device's share this often (info) */
+
+/* A reference event on the context's own stream, idle so it completes as soon
+ * as it is recorded: a point of the context's timeline, and of the clock. */
+struct ref {
+    CUevent event;
+    int64_t offset;             /* ns from the first reference */
+    int64_t recorded;           /* vc_clock_ns() once it was seen complete */
+};
+
+/* A stream, as the thread saw it last. */
+struct lane {
+    uint64_t stream;            /* pacer_stream_key(); 0: none */
+    int64_t end;                /* where its last timed launch ended on the timeline */
+};
+
+struct vc_pacer_context {
+    CUcontext ctx;              /* NULL: a free entry */
+    CUdevice ordinal;
+    int device;                 /* in the account; -1: a device without limits */
+    unsigned created, nfree;
+    int64_t published;          /* the newest complete reference; -1: none yet */
+    int64_t published_at;       /* when it was recorded */
+    /* The thread's own, touched without the lock while it reads: */
+    CUstream own;               /* a non-blocking stream for the references */
+    bool broken;                /* no stream or references: no timeline */
+    struct ref refs[REFS];
+    int64_t complete;           /* the newest reference; -1: none yet */
+    int64_t recorded_at;        /* when it was recorded */
+    int64_t covered;            /* the context is known busy up to here on its timeline */
+    struct lane lanes[LANES];
+    CUevent free[EVENTS];
+};
+
+struct kernel {
+    uint64_t key;               /* 0: a free entry */
+    int device;
+    uint32_t untimed_guesses;   /* launches charged a guess and not timed: corrected */
+    int64_t untimed_guess_ns;   /* once the cost is trusted */
+    uint32_t costs;             /* timed launches charged */
+    int64_t cost;               /* what they were charged, lately (a moving average) */
+    struct vc_estimate estimate;
+};
+
+enum record_state { OPEN, ENDED, VOID };
+
+/* The timing of one launch, or of a run: launches in a row on one stream,
+ * timed together. */
+struct record {
+    struct vc_pacer_context *context;   /* NULL: its context is gone */
+    CUevent start;              /* NULL, or recorded right before the (first) launch */
+    CUevent end;                /* recorded right after the (last) launch */
+    uint64_t stream;            /* pacer_stream_key() of its stream */
+    uint64_t key;
+    int device;
+    int64_t generation;         /* the reference it is placed against; -1: none */
+    int64_t charged;            /* what its launches were charged up front */
+    int64_t launching;          /* vc_clock_ns() when the (first) launch call began */
+    int64_t cap;                /* the most it is charged: a little over the estimates */
+    uint32_t seq;               /* its number: a run's owner knows it by it */
+    uint32_t launches;          /* it times; 0: a single launch, not a run */
+    bool mixed;                 /* a run of several kernels: no one kernel's time */
+    int64_t drained;            /* a run: when its launches' kernels should be done (clock) */
+    enum record_state state;
+};
+
+/* The run this thread is adding its launches to, if open; and the stream
+ * whose run its last launch filled and ended, if any. */
+struct thread_run {
+    bool open;
+    uint32_t seq;
+    struct vc_pacer_context *context;
+    uint64_t stream;
+    uint64_t filled;
+};
+
+/* What the pacer did in this process, logged at exit (info): how its
+ * launches were timed, how long they waited, what they were charged up
+ * front and how much the timed records corrected that. */
+struct pacer_tally {
+    uint64_t launches, alone, in_runs, untimed, waits;
+    int64_t waited_ns, up_front_ns, corrected_ns;
+};
+
+/* Everything the pacer's files share, guarded by lock, which is never held
+ * across a driver call. */
+struct pacer_shared {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;                    /* work for the thread */
+    pthread_cond_t idle;                    /* the thread stopped reading */
+    struct vc_pacer_context contexts[MAX_CONTEXTS];
+    struct kernel kernels[KERNELS];
+    struct record records[RECORDS];
+    uint32_t head, tail;                    /* records head..tail-1 are in use, in launch order */
+    bool started, stopping, reading;
+    bool forgot;                            /* a context went: the thread's one may be gone */
+    int64_t typical_ns;                     /* the guess for a kernel not trusted yet */
+    uint64_t last_stream;                   /* pacer_stream_key() of the process's last launch */
+    uint32_t same_stream;                   /* launches in a row on it */
+    uint64_t last_gpu_ns[VC_MAX_DEVICES];   /* each device's GPU time at the last report */
+    unsigned read_lately;                   /* launches read since the last report */
+    struct pacer_tally tally;
+};
+
+extern struct pacer_shared pacer;
+extern __thread struct thread_run thread_run;
+
+/* pacer_charge.c */
+void pacer_nap(int64_t ns);
+void pacer_charge(int device, int64_t gpu_ns);
+void pacer_wait(int device);
+
+/* pacer_kernels.c (lock held) */
+struct kernel *pacer_kernel(uint64_t key);
+struct kernel *pacer_claim_kernel(uint64_t key, int device);
+int64_t pacer_cap(const struct kernel *k, int64_t percent);
+void pacer_learn_cost(struct kernel *k, int64_t cost);
+void pacer_remember_guess(const struct vc_launch *l);
+
+/* pacer_records.c (lock held) */
+uint64_t pacer_stream_key(CUstream stream, bool ptsz);
+struct record *pacer_open_run(void);
+bool pacer_joins_run(const struct vc_launch *l, bool trusted, uint64_t stream, int64_t now);
+bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, int64_t now);
+void pacer_close_locked(uint32_t seq, struct vc_pacer_context *context, enum record_state state);
+
+/* pacer_thread.c */
+void pacer_start_thread(void);
+
+#endif

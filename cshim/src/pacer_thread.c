@@ -1,0 +1,344 @@
+/* The pacer's thread: reads the events of timed launches and charges what they took. */
+#define _GNU_SOURCE
+#include "pacer_state.h"
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include "bucket.h"
+#include "driver.h"
+#include "log.h"
+#include "setup.h"
+
+/* What the thread read of one record, outside the lock: where on the
+ * context's timeline its launch call began, its start event (if any) and
+ * its end event completed. */
+struct reading {
+    bool complete, placed;
+    int64_t launching, start, end;
+};
+
+/* Guarded by lock, which is never held across a driver call. */
+
+/* Charges what record r (a launch or a run) really cost. Its kernels started
+ * when its start event completed, or else the launch before it on its stream
+ * ended, or when its (first) launch call began if that was later: its time
+ * is from then to its end event. It is charged the busy time it added to its
+ * context (the union over its streams), at most its cap (a little over the
+ * estimates of steady kernels): what exceeds that ran while another process
+ * had the device. */
+static void charge_record(struct record *r, const struct reading *m)
+{
+    struct vc_pacer_context *c = r->context;
+    struct kernel *k = pacer_kernel(r->key);
+    struct lane *lane = &c->lanes[r->stream % LANES];
+    int64_t start = m->launching;
+    if (m->start > start)
+        start = m->start;
+    else if (m->start < 0 && lane->stream == r->stream && lane->end > start)
+        start = lane->end;
+    *lane = (struct lane){.stream = r->stream, .end = m->end};
+    int64_t from = start > c->covered ? start : c->covered;
+    int64_t cost = m->end > from ? m->end - from : 0;
+    int64_t launches = r->launches ? r->launches : 1;
+    if (m->end > c->covered)
+        c->covered = m->end;
+    cost = cost < r->cap ? cost : r->cap;
+    /* A run of several kernels tells no one kernel's time: it only corrects the bucket. */
+    if (k && !r->mixed && m->end > start)
+        vc_estimate_add(&k->estimate, (m->end - start) / launches, vc_clock_ns());
+    if (k && !r->mixed)
+        pacer_learn_cost(k, cost / launches);
+    pacer_charge(r->device, cost - r->charged);
+    pacer.tally.corrected_ns += cost - r->charged;
+    pacer.read_lately++;
+}
+
+/* The context that needs the thread's help: a stream, references or events. */
+static struct vc_pacer_context *needy_context(void)
+{
+    for (int i = 0; i < MAX_CONTEXTS; i++) {
+        struct vc_pacer_context *c = &pacer.contexts[i];
+        if (c->ctx && c->device >= 0
+            && ((!c->own && !c->broken) || (c->nfree < EVENTS_LOW && c->created < EVENTS)))
+            return c;
+    }
+    return NULL;
+}
+
+static bool set_current(CUcontext ctx, CUcontext *current)
+{
+    if (ctx == *current)
+        return true;
+    if (vc_real_cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+        return false;
+    *current = ctx;
+    return true;
+}
+
+/* Outside the lock: the context's own stream and references, then up to
+ * want events into made. */
+static unsigned equip(struct vc_pacer_context *c, CUcontext *current, CUevent *made,
+                      unsigned want)
+{
+    if (!set_current(c->ctx, current))
+        return 0;
+    if (!c->own && !c->broken) {
+        c->broken = vc_real_cuStreamCreate(&c->own, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
+        for (int i = 0; i < REFS && !c->broken; i++)
+            c->broken = vc_real_cuEventCreate(&c->refs[i].event, CU_EVENT_DEFAULT) != CUDA_SUCCESS;
+        c->complete = -1;
+        if (c->broken)
+            vc_log(VC_LOG_WARN, "no stream or events for the timeline of a context: its "
+                   "launches are charged without it");
+    }
+    unsigned n = 0;
+    while (n < want && vc_real_cuEventCreate(&made[n], CU_EVENT_DEFAULT) == CUDA_SUCCESS)
+        n++;
+    return n;
+}
+
+/* Outside the lock: records a new reference when the last one is old. It
+ * goes on the context's own stream, idle, so it completes at once; the thread
+ * waits for that and reads the clock then, which places launches a little
+ * early on the timeline: their kernels are charged a little more, never less.
+ * One that takes long to complete could not place them closely: it is tried
+ * again next round. */
+static void advance_references(struct vc_pacer_context *c, CUcontext *current, int64_t now)
+{
+    if (!c->own || c->broken || (c->complete >= 0 && now - c->recorded_at < REBASE_NS)
+        || !set_current(c->ctx, current))
+        return;
+    struct ref *last = c->complete >= 0 ? &c->refs[c->complete % REFS] : NULL;
+    struct ref *next = &c->refs[(c->complete + 1) % REFS];
+    int64_t before = vc_clock_ns(), done;
+    if (vc_real_cuEventRecord(next->event, c->own) != CUDA_SUCCESS)
+        return;
+    CUresult q;
+    do {
+        q = vc_real_cuEventQuery(next->event);
+        done = vc_clock_ns();
+    } while (q == CUDA_ERROR_NOT_READY && done - before <= REF_SLOP_NS);
+    float ms = 0;
+    if (q != CUDA_SUCCESS || done - before > REF_SLOP_NS
+        || (last && vc_real_cuEventElapsedTime(&ms, last->event, next->event) != CUDA_SUCCESS))
+        return;
+    next->recorded = done;
+    next->offset = last ? last->offset + (int64_t)((double)ms * 1e6) : 0;
+    c->complete++;
+    c->recorded_at = now;
+}
+
+/* ns from ref to event, or -1. */
+static int64_t since(CUevent ref, CUevent event)
+{
+    float ms;
+    if (vc_real_cuEventElapsedTime(&ms, ref, event) != CUDA_SUCCESS || ms < 0)
+        return -1;
+    return (int64_t)((double)ms * 1e6);
+}
+
+/* Outside the lock: where record r's launch lies on its context's timeline,
+ * once complete; its reference maps the clock onto the timeline. */
+static void read_record(const struct record *r, struct reading *m, CUcontext *current)
+{
+    *m = (struct reading){.launching = -1, .start = -1, .end = -1};
+    struct vc_pacer_context *c = r->context;
+    if (!set_current(c->ctx, current))
+        return;
+    CUresult q = vc_real_cuEventQuery(r->end);
+    if (q == CUDA_ERROR_NOT_READY)
+        return;
+    m->complete = true;
+    /* Its reference is still there if no more than REFS - 1 newer ones were recorded. */
+    if (q != CUDA_SUCCESS || r->generation < 0 || c->complete - r->generation >= REFS - 1)
+        return;
+    const struct ref *ref = &c->refs[r->generation % REFS];
+    int64_t end = since(ref->event, r->end), start = r->start ? since(ref->event, r->start) : -1;
+    if (end >= 0 && (!r->start || start >= 0)) {
+        m->placed = true;
+        m->launching = ref->offset + (r->launching - ref->recorded);
+        m->start = r->start ? ref->offset + start : -1;
+        m->end = ref->offset + end;
+    }
+}
+
+/* Logs each device's share charged to the container (info level). */
+static void report(int64_t now, int64_t *last)
+{
+    if (now - *last < REPORT_NS)
+        return;
+    struct vc_region *r = vc_region();
+    bool done[VC_MAX_DEVICES] = {false};
+    for (int i = 0; i < MAX_CONTEXTS; i++) {
+        int dev = pacer.contexts[i].device;
+        if (!pacer.contexts[i].ctx || dev < 0 || done[dev])
+            continue;
+        done[dev] = true;
+        uint64_t total = __atomic_load_n(&r->gpu_ns[dev], __ATOMIC_RELAXED);
+        if (pacer.last_gpu_ns[dev])
+            vc_log(VC_LOG_INFO, "%s: %.1f%% of the device's time charged to the container over "
+                   "%.2f s; %u launches read here", r->uuid[dev],
+                   100.0 * (double)(int64_t)(total - pacer.last_gpu_ns[dev])
+                       / (double)(now - *last),
+                   (double)(now - *last) / 1e9, pacer.read_lately);
+        pacer.last_gpu_ns[dev] = total;
+    }
+    pacer.read_lately = 0;
+    *last = now;
+}
+
+/* A run whose kernels should long be done: its thread stopped launching (it
+ * may have gone). It is given up, not to hold up the records behind it. */
+static bool stale(const struct record *r, int64_t now)
+{
+    return r->state == OPEN && r->launches && now > r->drained + RUN_STALE_NS;
+}
+
+/* A run open at the head keeps the thread looking, to give it up when stale. */
+static bool has_work(void)
+{
+    return needy_context()
+           || (pacer.head != pacer.tail && (pacer.records[pacer.head % RECORDS].state != OPEN
+                                || pacer.records[pacer.head % RECORDS].launches));
+}
+
+/* One round of the thread: equips a needy context, moves references on,
+ * reads completed launches in launch order, charges them. Called with the
+ * lock held; drops it while it calls the driver. */
+static void read_round(CUcontext *current)
+{
+    static struct reading readings[BATCH];
+    static CUevent made[EVENTS_BATCH];
+    struct vc_pacer_context *needy = needy_context();
+    unsigned want = needy && needy->created < EVENTS ? EVENTS - needy->created : 0;
+    struct vc_pacer_context *live[MAX_CONTEXTS];
+    int nlive = 0;
+    for (int i = 0; i < MAX_CONTEXTS; i++)
+        if (pacer.contexts[i].ctx && pacer.contexts[i].device >= 0)
+            live[nlive++] = &pacer.contexts[i];
+    if (pacer.forgot)
+        *current = NULL;
+    pacer.forgot = false;
+    uint32_t first = pacer.head, n = 0;
+    int64_t began = vc_clock_ns();
+    for (; n < BATCH && first + n != pacer.tail; n++) {
+        struct record *r = &pacer.records[(first + n) % RECORDS];
+        if (stale(r, began))
+            r->state = VOID;
+        if (r->state == OPEN)
+            break;
+    }
+    pacer.reading = true;
+    pthread_mutex_unlock(&pacer.lock);
+
+    unsigned nmade = needy ? equip(needy, current, made, want < EVENTS_BATCH ? want : EVENTS_BATCH)
+                           : 0;
+    int64_t now = vc_clock_ns();
+    for (int i = 0; i < nlive; i++)
+        advance_references(live[i], current, now);
+    uint32_t done = 0;
+    for (; done < n; done++) {
+        const struct record *r = &pacer.records[(first + done) % RECORDS];
+        if (r->state == VOID || !r->context)
+            continue;
+        read_record(r, &readings[done], current);
+        if (!readings[done].complete)
+            break;
+    }
+
+    pthread_mutex_lock(&pacer.lock);
+    pacer.reading = false;
+    pthread_cond_broadcast(&pacer.idle);
+    if (needy) {
+        /* A context that gives no more events is not asked again. */
+        needy->created = nmade ? needy->created + nmade : EVENTS;
+        for (unsigned i = 0; i < nmade; i++)
+            needy->free[needy->nfree++] = made[i];
+    }
+    for (int i = 0; i < MAX_CONTEXTS; i++)
+        if (pacer.contexts[i].ctx && pacer.contexts[i].complete > pacer.contexts[i].published) {
+            pacer.contexts[i].published = pacer.contexts[i].complete;
+            pacer.contexts[i].published_at = pacer.contexts[i].recorded_at;
+        }
+    for (uint32_t i = 0; i < done; i++) {
+        struct record *r = &pacer.records[(first + i) % RECORDS];
+        if (r->state == ENDED && r->context && readings[i].placed)
+            charge_record(r, &readings[i]);
+        if (r->context) {
+            r->context->free[r->context->nfree++] = r->end;
+            if (r->start)
+                r->context->free[r->context->nfree++] = r->start;
+        }
+    }
+    pacer.head = first + done;
+}
+
+static void *pacer_main(void *unused)
+{
+    (void)unused;
+    /* Reading events while another thread captures a graph in the global mode
+     * must not invalidate its capture. */
+    CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    vc_real_cuThreadExchangeStreamCaptureMode(&relaxed);
+    CUcontext current = NULL;
+    int64_t last_report = vc_clock_ns();
+    pthread_mutex_lock(&pacer.lock);
+    while (!pacer.stopping) {
+        if (!has_work()) {
+            pthread_cond_wait(&pacer.wake, &pacer.lock);
+            continue;
+        }
+        read_round(&current);
+        report(vc_clock_ns(), &last_report);
+        pthread_mutex_unlock(&pacer.lock);
+        pacer_nap(TICK_NS);
+        pthread_mutex_lock(&pacer.lock);
+    }
+    pthread_mutex_unlock(&pacer.lock);
+    return NULL;
+}
+
+/* At exit, before the CUDA runtime tears the driver down, the thread stops
+ * calling it. */
+static void stop_at_exit(void)
+{
+    pthread_mutex_lock(&pacer.lock);
+    pacer.stopping = true;
+    pthread_cond_signal(&pacer.wake);
+    while (pacer.reading)
+        pthread_cond_wait(&pacer.idle, &pacer.lock);
+    const struct pacer_tally *t = &pacer.tally;
+    vc_log(VC_LOG_INFO, "paced %llu launches (%llu timed alone, %llu in runs, %llu untimed); "
+           "%llu waited for the bucket, %.3f s in all; charged %.3f s up front, corrected by "
+           "%+.3f s once timed", (unsigned long long)t->launches, (unsigned long long)t->alone,
+           (unsigned long long)t->in_runs, (unsigned long long)t->untimed,
+           (unsigned long long)t->waits, (double)t->waited_ns / 1e9, (double)t->up_front_ns / 1e9,
+           (double)t->corrected_ns / 1e9);
+    pthread_mutex_unlock(&pacer.lock);
+}
+
+static void register_exit(void) { atexit(stop_at_exit); }
+
+void pacer_start_thread(void)
+{
+    static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+    if (pacer.started)
+        return;
+    pacer.started = true;
+    pthread_once(&exit_once, register_exit);
+    /* Signals stay with the program's own threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t thread;
+    int rc = pthread_create(&thread, NULL, pacer_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        vc_log(VC_LOG_ERROR, "cannot start the pacing thread: launches are charged estimates "
+               "that are never measured");
+        return;
+    }
+    pthread_setname_np(thread, "vcuda-pacer");
+    pthread_detach(thread);
+}
