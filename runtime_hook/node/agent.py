@@ -158,10 +158,11 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
 
 def _placement(settings: Settings, status: NodeStatus, log: logging.Logger) -> Placement:
     from runtime_hook.contract import resource_names
+    from runtime_hook.node.host_root import host_path
     from runtime_hook.node.placement_agent import Paths, Placement
 
     def on_host(path: str) -> str:
-        return os.path.join(settings.host_root, path.lstrip("/"))
+        return host_path(settings.host_root, path)
 
     paths = Paths(on_host(PLUGIN_DIR), on_host(CDI_DIR), on_host(POD_RESOURCES))
     core_keys = tuple(resource_names(domain)[0] for domain in settings.domains)

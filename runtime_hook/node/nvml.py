@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from runtime_hook.contract import Gpu
 from runtime_hook.hook_errors import NodeError
+from runtime_hook.node.host_root import host_path
 from runtime_hook.node.logs import Problems
 
 # How old a process's latest utilization sample may be and still count as now.
@@ -230,13 +231,11 @@ def _load_from_host(host_root: str) -> bool:
     return False
 
 
-def _in_root(host_root: str, node_path: str, links: int = 8) -> str | None:
-    """``node_path`` of the node as a path here, absolute links taken inside ``host_root``."""
-    path = os.path.join(host_root, node_path.lstrip("/"))
-    for _ in range(links):
-        if not os.path.islink(path):
-            return path if os.path.isfile(path) else None
-        target = os.readlink(path)
-        path = os.path.join(host_root, target.lstrip("/")) if target.startswith("/") \
-            else os.path.join(os.path.dirname(path), target)
+def _in_root(host_root: str, node_path: str) -> str | None:
+    """``node_path`` of the node as a path here if it is a file, links taken inside
+    ``host_root``."""
+    with contextlib.suppress(OSError):  # a loop of links
+        path = host_path(host_root, node_path)
+        if os.path.isfile(path):
+            return path
     return None

@@ -89,7 +89,7 @@ def _driver(base: Path, api: FakeDraApi, log: logging.Logger) -> Driver:
     return Driver(settings, NODE, "/", str(base / "state"), 1.0, DraApi(str(kubeconfig)), log)
 
 
-def _unmount_below(root: Path) -> None:
+def unmount_below(root: Path) -> None:
     with open("/proc/self/mountinfo") as src:
         points = [line.split()[4] for line in src]
     for point in sorted((p for p in points if p.startswith(f"{root}/")), reverse=True):
@@ -138,5 +138,5 @@ def dra_node(tmp_path: Path, dra_api: FakeDraApi, log: logging.Logger) -> Iterat
         node.driver.stop()
         node.kubelet.close()
         nvml.close()
-        _unmount_below(base)
+        unmount_below(base)
         shutil.rmtree(base)

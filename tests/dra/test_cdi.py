@@ -16,9 +16,10 @@ import referencing
 
 from runtime_hook import contract
 from runtime_hook.node.dra import cdi
-from runtime_hook.node.dra.slices import device_name
+from runtime_hook.node.dra.prepare import Paths, Preparer
+from runtime_hook.node.dra.slices import DRIVER, device_name
 from tests.busybox_root import make_busybox_root
-from tests.dra.conftest import GPU0, GPU1, LIBRARY, DraNode
+from tests.dra.conftest import GPU0, GPU1, LIBRARY, DraNode, unmount_below
 from tests.nvidia_cdi import write_nvidia_stand_in
 
 # Debian's golang-github-container-orchestrated-devices-container-device-interface-dev
@@ -127,3 +128,33 @@ def test_podman_applies_the_cdi_devices_prepare_returned_to_a_busybox_container(
     assert probe == "written\n"
     record = dra_node.state_dir / "containers" / f"claim-{uid}"
     assert (record / "account" / "probe").read_text() == "from-the-container\n"
+
+
+def test_prepare_under_a_host_root_writes_the_spec_where_the_nodes_var_run_link_leads(
+        tmp_path: Path) -> None:
+    """The agent sees the node at /host; the node's /var/run is an absolute link to /run
+    (Debian, Ubuntu), which must lead to the node's /run, not the agent container's."""
+    if os.geteuid() != 0:
+        pytest.skip("preparing a claim mounts its account tmpfs: needs root")
+    root = tmp_path / "host"
+    (root / "var").mkdir(parents=True)
+    (root / "var" / "run").symlink_to("/run")
+    state = root / "run" / "vcuda"
+    state.mkdir(parents=True)
+    contract.write_inventory(str(state / contract.INVENTORY_NAME),
+                             [contract.Gpu(GPU0, 0, 16 << 30)])
+    uid = "0c1d2e3f-4a5b-4c6d-8e7f-901a2b3c4d5e"
+    result = {"request": "gpu", "driver": DRIVER, "pool": "node-1", "device": device_name(GPU0),
+              "consumedCapacity": {"cores": "30", "memory": "1Gi"}}
+    claim = {"metadata": {"namespace": "team-a", "name": "linked", "uid": uid},
+             "status": {"allocation": {"devices": {"results": [result]}}}}
+    paths = Paths(str(root), "/run/vcuda", "/var/run/cdi", "/usr/local/vcuda/lib/libvcuda.so", 1)
+    preparer = Preparer(paths, pool="node-1", scaling=1.0)
+    try:
+        preparer.prepare(uid, claim)
+        assert [p.name for p in (root / "run" / "cdi").iterdir()] == [
+            f"vcuda.io-claim_{uid}.json"]
+        preparer.unprepare(uid)
+        assert list((root / "run" / "cdi").iterdir()) == []
+    finally:
+        unmount_below(root)

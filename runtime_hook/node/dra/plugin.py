@@ -24,6 +24,7 @@ from typing import Any
 from runtime_hook.hook_errors import NodeError
 from runtime_hook.node.dra.prepare import Preparer
 from runtime_hook.node.dra.slices import DRIVER
+from runtime_hook.node.host_root import host_path
 from runtime_hook.node.logs import event
 from runtime_hook.node.protos import load
 
@@ -60,8 +61,8 @@ class KubeletPlugin:
         self._read_claim = read_claim
         self._log = log
         self._endpoint = service_socket(kubelet_dir)
-        here = lambda path: os.path.join(host_root, path.lstrip("/"))  # noqa: E731
-        self._sockets = (here(self._endpoint), here(registration_socket(kubelet_dir)))
+        self._sockets = (host_path(host_root, self._endpoint),
+                         host_path(host_root, registration_socket(kubelet_dir)))
         self._servers: list[Any] = []
         self.registered: bool | None = None  # what kubelet said last; None: nothing yet
         self._failed: Counter[str] = Counter()  # claims whose call failed, by call

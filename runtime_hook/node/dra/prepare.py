@@ -27,6 +27,7 @@ from runtime_hook.limits_decision import Request, overcommit
 from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.allocation import Share, claim_name, shares
 from runtime_hook.node.dra.slices import device_name, memory_capacity
+from runtime_hook.node.host_root import host_path
 from runtime_hook.node_state import ACCOUNT_DIR, CLAIM_OWNER_PID, StateDir
 from runtime_hook.record import Record
 
@@ -187,7 +188,7 @@ class Preparer:
         return cdi.spec_path(self._here(self._paths.cdi_dir), uid)
 
     def _here(self, node_path: str) -> str:
-        return os.path.join(self._paths.host_root, node_path.lstrip("/"))
+        return host_path(self._paths.host_root, node_path)
 
 
 _UID_CHARS = frozenset("0123456789abcdefABCDEF-")
