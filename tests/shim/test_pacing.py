@@ -126,8 +126,9 @@ def test_one_process_gets_its_share_with_long_and_short_kernels(
 
 
 def test_without_the_shim_the_load_keeps_the_device_busy(gpu: FakeGpu) -> None:
-    # The yardstick of the tests above: unpaced, the same load takes it all.
-    assert share(gpu.lines(*LOAD, *load("kernel", 50 * US, 1000), shim=False)) >= 95
+    # The yardstick of the tests above: unpaced, the same load takes about all
+    # of it (a loaded machine deschedules the launching thread now and then).
+    assert share(gpu.lines(*LOAD, *load("kernel", 50 * US, 1000), shim=False)) >= 90
 
 
 @pytest.mark.parametrize("api", ["kernel", "ex", "coop", "graph"])
