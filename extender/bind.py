@@ -44,14 +44,23 @@ class Binder:
         self._max_age = max_age
         self._clock = clock
 
-    async def bind(self, args: BindingArgs) -> Assignment:
-        """Record the pod's GPUs in the node's ledger and bind it; raise BindError if not."""
+    async def bind(self, args: BindingArgs, sent: dict | None = None) -> Assignment:
+        """Record the pod's GPUs in the node's ledger and bind it; raise BindError if not.
+
+        ``sent``: the pod as the scheduler sent it to filter, if this process saw it; read from
+        the API otherwise. The Binding's preconditions (uid, resourceVersion) refuse it if the
+        pod changed since.
+        """
         pod_path = f"/api/v1/namespaces/{quote(args.pod_namespace)}/pods/{quote(args.pod_name)}"
-        pod = await self._read(pod_path, f"pod {args.pod_namespace}/{args.pod_name}")
-        metadata = pod.get("metadata") or {}
+        metadata = (sent or {}).get("metadata") or {}
+        if (metadata.get("name"), metadata.get("namespace")) == (args.pod_name,
+                                                                 args.pod_namespace):
+            pod = sent or {}
+        else:
+            pod = await self._read(pod_path, f"pod {args.pod_namespace}/{args.pod_name}")
+            metadata = pod.get("metadata") or {}
         if metadata.get("uid") != args.pod_uid:
-            raise BindError(f"pod {args.pod_namespace}/{args.pod_name} was replaced (uid "
-                            f"{metadata.get('uid')}, not {args.pod_uid}); nothing bound")
+            raise _replaced(args, metadata.get("uid"))
         try:
             demand = pod_demand(pod, self._core_keys)
         except DemandError as exc:
@@ -146,7 +155,10 @@ class Binder:
                         from None
             pod = await self._read(pod_path, who)
             bound_to = (pod.get("spec") or {}).get("nodeName")
-            if bound_to == args.node and (pod.get("metadata") or {}).get("uid") == args.pod_uid:
+            uid = (pod.get("metadata") or {}).get("uid")
+            if uid != args.pod_uid:
+                raise _replaced(args, uid)
+            if bound_to == args.node:
                 return  # an earlier try of this bind went through
             if bound_to:
                 raise BindError(f"{who} is bound to {bound_to} already")
@@ -166,3 +178,8 @@ class Binder:
             return decode_ledger(annotations.get(LEDGER_ANNOTATION))
         except PlacementError as exc:
             raise BindError(f"node {node}: {exc}") from None
+
+
+def _replaced(args: BindingArgs, uid: object) -> BindError:
+    return BindError(f"pod {args.pod_namespace}/{args.pod_name} was replaced (uid {uid}, not "
+                     f"{args.pod_uid}); nothing bound")

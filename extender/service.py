@@ -5,11 +5,14 @@ The only memory kept is of binds this process wrote in the last seconds that the
 copy of the nodes may not show yet ("pending"): counting them keeps a burst of pods off room
 already given. Losing it (a restart) costs at most a bind that finds the room taken, and the
 scheduler tries that pod again; it never over-commits, since bind checks the stored ledger.
+Besides, the pods sent to filter are kept until their bind, which then need not read them
+again; one this process did not see (a restart, another replica) is read from the API.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Collection
 
 import msgspec
@@ -35,6 +38,7 @@ from extender.wire import (
 from runtime_hook.placement import Assignment
 
 PENDING_SECONDS = 30.0
+SENT_PODS = 4096  # pods filtered and not bound yet, kept for their bind (newest)
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -56,10 +60,12 @@ class Extender:
         self._max_age = max_age
         self._clock = clock
         self._pending: dict[str, dict[str, tuple[Assignment, float]]] = {}
+        self._sent: OrderedDict[str, dict] = OrderedDict()
 
     def filter(self, body: bytes) -> Outcome:
         """Keep the nodes where the pod fits; raise BadArguments for a malformed body."""
         args = parse_args(body)
+        self._see(args.pod)
         kept: list[msgspec.Raw] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -104,7 +110,7 @@ class Extender:
         args = parse_binding(body)
         who = f"{args.pod_namespace}/{args.pod_name}"
         try:
-            assignment = await self._binder.bind(args)
+            assignment = await self._binder.bind(args, self._sent.pop(args.pod_uid, None))
         except BindError as exc:
             return Outcome(binding_result(str(exc)), "bind_failed",
                            {"pod": who, "node": args.node, "error": str(exc)})
@@ -126,6 +132,15 @@ class Extender:
         uid = (args.pod.get("metadata") or {}).get("uid") or ""
         return placement(name, annotations, demand, self._strategy, now, self._max_age, extra,
                          ignore=uid)
+
+    def _see(self, pod: dict) -> None:
+        """Keep the pod filter was sent, for its bind (which names it only)."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        if isinstance(uid, str) and uid:
+            self._sent[uid] = pod
+            self._sent.move_to_end(uid)
+            if len(self._sent) > SENT_PODS:
+                self._sent.popitem(last=False)
 
     def _remember(self, node: str, uid: str, assignment: Assignment) -> None:
         self._pending.setdefault(node, {})[uid] = (assignment, self._clock() + PENDING_SECONDS)

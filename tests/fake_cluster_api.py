@@ -143,9 +143,9 @@ class FakeClusterApi(FakeNodesApi):
     def _list_pods(self) -> dict[str, Any]:
         selector = (self.local.query.get("fieldSelector") or [""])[0]
         node = selector.removeprefix("spec.nodeName=") if selector else None
-        items = [p for p in self.pods()
-                 if node is None or (p.get("spec") or {}).get("nodeName") == node]
-        with self.lock:
+        with self.lock:  # select, then copy only what is answered
+            items = [copy.deepcopy(o) for p, o in self.objects.items() if "/pods/" in p
+                     and (node is None or (o.get("spec") or {}).get("nodeName") == node)]
             version = str(self._revision)
         return {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": version},
                 "items": items}

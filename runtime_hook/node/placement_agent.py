@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +62,9 @@ class Placement:
         self._clock = clock
         self.problems = Problems(log, "placement")
         self._present: set[str] = set()
+        self._lister_lock = threading.Lock()
+        self._channel: Any = None
+        self._lister: Any = None
         generation = first_generation()
         self._served = {resource: Served(DevicePlugin(resource, Slots(resource, 0, generation),
                                                       self.resolve, paths.cdi_dir, log),
@@ -81,6 +85,7 @@ class Placement:
     def stop(self) -> None:
         for served in self._served.values():
             served.stop()
+        self._close_lister()
 
     def resolve(self, resource: str, ids: list[str]) -> dict[str, str]:
         """The GPU of each device ID, from the pod that kubelet says holds them."""
@@ -154,18 +159,36 @@ class Placement:
     # --- kubelet's pod resources ------------------------------------------------------------
 
     def _pod_resources(self) -> Any:
+        """kubelet's List, on one channel kept open (a channel per call costs a connection);
+        a failed call is tried once more on a new channel, as one left by a restarted kubelet
+        may be waiting out its reconnection backoff."""
         import grpc
 
         from runtime_hook.node.protos import load
 
         messages, services = load("podresources")
-        try:
-            with grpc.insecure_channel(f"unix://{self._paths.pod_resources}") as channel:
-                return services.PodResourcesListerStub(channel).List(
-                    messages.ListPodResourcesRequest(), timeout=10)
-        except grpc.RpcError as exc:
-            raise Refusal(f"kubelet's pod resources API ({self._paths.pod_resources}) did not "
-                          f"answer: {exc.code().name} {exc.details()}") from None
+        for attempt in (1, 2):
+            with self._lister_lock:
+                if self._lister is None:
+                    self._channel = grpc.insecure_channel(f"unix://{self._paths.pod_resources}")
+                    self._lister = services.PodResourcesListerStub(self._channel)
+                lister = self._lister
+            try:
+                return lister.List(messages.ListPodResourcesRequest(), timeout=10)
+            except grpc.RpcError as exc:
+                self._close_lister(lister)
+                if attempt == 2:
+                    raise Refusal(f"kubelet's pod resources API ({self._paths.pod_resources}) "
+                                  f"did not answer: {exc.code().name} {exc.details()}") from None
+        raise AssertionError("unreachable")
+
+    def _close_lister(self, lister: Any = None) -> None:
+        """Close the channel of ``lister`` (None: whichever is open)."""
+        with self._lister_lock:
+            if self._lister is None or (lister is not None and lister is not self._lister):
+                return
+            self._channel.close()
+            self._lister = self._channel = None
 
     def _holder(self, resource: str, ids: set[str]) -> tuple[str, str, str] | None:
         for pod in self._pod_resources().pod_resources:

@@ -6,8 +6,12 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import socket
 import ssl
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ from runtime_hook.placement import encode_inventory
 from tests.fake_cluster_api import FakeClusterApi
 from webhook.logs import make_logger
 
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 CORE_KEYS = ("docker.com/vcuda-core", "tencent.com/vcuda-core")
 NOW = 1_800_000_000.0
@@ -89,36 +94,13 @@ def credentials(api: FakeClusterApi) -> Credentials:
     return Credentials(api.url, context, api.token)
 
 
-class RunningExtender:
-    """One vcuda-scheduler-extender on 127.0.0.1 in a thread with its own event loop."""
+class ExtenderClient:
+    """Calls one extender as kube-scheduler does: a kept-alive connection per calling thread."""
 
-    def __init__(self, api: FakeClusterApi, log_file: Path, strategy: str = "binpack",
-                 max_age: float = 120.0, clock: Any = lambda: NOW) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        self._log_stream = log_file.open("ab")
-        self.port = self.call(self._start(api, strategy, max_age, clock))
+    port: int
+
+    def __init__(self) -> None:
         self._local = threading.local()
-
-    async def _start(self, api: FakeClusterApi, strategy: str, max_age: float,
-                     clock: Any) -> int:
-        self._kube = Kube(credentials(api))
-        binder = Binder(self._kube, CORE_KEYS, strategy, max_age, clock)
-        self.extender = Extender(binder, CORE_KEYS, strategy, max_age, clock)
-        self._server = ExtenderServer(self.extender, make_logger(self._log_stream))
-        return await self._server.start("127.0.0.1", 0)
-
-    def call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=60)
-
-    def stop(self) -> None:
-        self.call(self._server.stop())
-        self.call(self._kube.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
-        self._loop.close()
-        self._log_stream.close()
 
     def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         """POST ``body`` on a connection kept per calling thread, as kube-scheduler keeps one;
@@ -140,6 +122,87 @@ class RunningExtender:
         raise AssertionError("unreachable")
 
     def verb(self, path: str, body: bytes) -> Any:
+        return json.loads(self.answer(path, body))
+
+    def answer(self, path: str, body: bytes) -> bytes:
+        """The answer's body; an AssertionError unless it is 200."""
         status, payload = self.post(path, body)
         assert status == 200, payload
-        return json.loads(payload)
+        return payload
+
+
+class RunningExtender(ExtenderClient):
+    """One vcuda-scheduler-extender on 127.0.0.1 in a thread with its own event loop."""
+
+    def __init__(self, api: FakeClusterApi, log_file: Path, strategy: str = "binpack",
+                 max_age: float = 120.0, clock: Any = lambda: NOW) -> None:
+        super().__init__()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._log_stream = log_file.open("ab")
+        self.port = self.call(self._start(api, strategy, max_age, clock))
+
+    async def _start(self, api: FakeClusterApi, strategy: str, max_age: float,
+                     clock: Any) -> int:
+        self._kube = Kube(credentials(api))
+        binder = Binder(self._kube, CORE_KEYS, strategy, max_age, clock)
+        self.extender = Extender(binder, CORE_KEYS, strategy, max_age, clock)
+        self._server = ExtenderServer(self.extender, make_logger(self._log_stream))
+        return await self._server.start("127.0.0.1", 0)
+
+    def call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=60)
+
+    def stop(self) -> None:
+        self.call(self._server.stop())
+        self.call(self._kube.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+        self._loop.close()
+        self._log_stream.close()
+
+
+class ExtenderProcess(ExtenderClient):
+    """``vcuda-scheduler-extender`` as its own process, as it runs in a cluster, on 127.0.0.1
+    against the API server of ``kubeconfig``; its log lines go to ``log_file``."""
+
+    def __init__(self, kubeconfig: Path, log_file: Path, strategy: str = "binpack",
+                 max_age: float = 120.0, timeout: float = 60.0) -> None:
+        super().__init__()
+        self.port = free_port()
+        with log_file.open("ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "extender.server", "--host", "127.0.0.1", "--port",
+                 str(self.port), "--kubeconfig", str(kubeconfig), "--strategy", strategy,
+                 "--max-age", str(max_age)],
+                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        while not self._ready():
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the extender did not start; its log: {log_file}")
+            time.sleep(0.05)
+
+    def _ready(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM, as a pod's deletion sends it; it answers what is in progress first."""
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -147,6 +147,31 @@ def test_a_pod_replaced_under_the_same_name_is_not_bound(
     assert error.startswith("pod team/p was replaced")
 
 
+def test_bind_after_filter_uses_the_pod_the_scheduler_sent_and_reads_only_the_node(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    node = add(api, node_object("n", [16 * GIB]))[0]
+    pod = stored_pod(api, add(api, pod_object("p", 10, 1))[0])  # as the scheduler's cache
+    extender.verb("/filter", extender_args(pod, [node]))
+    api.requests.clear()
+    assert bind(extender, pod, "n") == ""
+    assert [(r.method, r.path) for r in api.requests] == [
+        ("GET", "/api/v1/nodes/n"), ("PATCH", "/api/v1/nodes/n"),
+        ("POST", "/api/v1/namespaces/team/pods/p/binding")]
+    assert stored_pod(api, pod)["spec"]["nodeName"] == "n"
+
+
+def test_a_pod_replaced_after_filter_is_not_bound_and_its_room_is_given_back(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    node = add(api, node_object("n", [16 * GIB]))[0]
+    old = add(api, pod_object("p", 10, 1))[0]
+    extender.verb("/filter", extender_args(stored_pod(api, old), [node]))
+    api.remove("/api/v1/namespaces/team/pods/p")
+    add(api, pod_object("p", 10, 1))
+    assert bind(extender, old, "n").startswith("pod team/p was replaced")
+    annotations = stored_node(api, "n")["metadata"]["annotations"]
+    assert decode_ledger(annotations.get(LEDGER_ANNOTATION)) == {}
+
+
 def test_whole_gpu_pods_get_unused_gpus_and_shared_pods_never_land_on_them(
         extender: RunningExtender, api: FakeClusterApi) -> None:
     add(api, node_object("n", [16 * GIB] * 2))

@@ -61,6 +61,7 @@ class FakeKubelet:
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, Any] = {}
         self._servers: list[grpc.Server] = []
+        self._specs: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
         self._dp, self._dp_services = load("deviceplugin")
         self._pr, self._pr_services = load("podresources")
 
@@ -172,12 +173,8 @@ class FakeKubelet:
     def _resolve_cdi(self, names: list[str]) -> list[str]:
         devices = {}
         for name in sorted(os.listdir(self.cdi_dir)) if os.path.isdir(self.cdi_dir) else ():
-            if not name.endswith(".json"):
-                continue
-            with open(os.path.join(self.cdi_dir, name), encoding="utf-8") as source:
-                spec = json.load(source)
-            for device in spec["devices"]:
-                devices[f"{spec['kind']}={device['name']}"] = device["containerEdits"]
+            if name.endswith(".json"):
+                devices.update(self._spec_devices(os.path.join(self.cdi_dir, name)))
         gpus = []
         for name in names:
             if name not in devices:
@@ -186,6 +183,21 @@ class FakeKubelet:
                 if mount["containerPath"].startswith(DEVICE_LIST_DIR + "/"):
                     gpus.append(mount["containerPath"][len(DEVICE_LIST_DIR) + 1:])
         return gpus
+
+
+    def _spec_devices(self, path: str) -> dict[str, Any]:
+        """The devices of the spec file at ``path``: read again when it changed, as a runtime's
+        CDI cache refreshes on file events."""
+        stat = os.stat(path)
+        key = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        cached = self._specs.get(path)
+        if cached is None or cached[0] != key:
+            with open(path, encoding="utf-8") as source:
+                spec = json.load(source)
+            cached = self._specs[path] = (key, {f"{spec['kind']}={device['name']}":
+                                               device["containerEdits"]
+                                               for device in spec["devices"]})
+        return cached[1]
 
 
 class _Registration:

@@ -5,8 +5,9 @@
   ``nodeCacheCapable: false``: one scheduling cycle at a time, ExtenderArgs with the nodes of
   its cache (refreshed from the API as an informer would), ``/filter`` then ``/prioritize``
   over HTTP, the best score wins, and ``/bind`` (ExtenderBindingArgs) runs asynchronously as
-  the binding cycle does; a failed bind sends the pod back to the queue. Calls alternate
-  between two extender replicas, each its own ``vcuda-scheduler-extender`` server.
+  the binding cycle does; a failed bind sends the pod back to the queue. Cycles alternate
+  between two extender replicas, each its own ``vcuda-scheduler-extender`` process (one
+  cycle's three calls go to one, as a scheduler calls its own), and their binds overlap.
 - The nodes: each one runs the node agent's placement part and a fake kubelet that drives
   vcuda's device plugin over its gRPC sockets (Allocate, PreStartContainer, pod resources,
   CDI resolution) for every container that asks for vcuda's resources.
@@ -24,15 +25,18 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from extender.policy import Demand, NodeGpus, Unfit, node_gpus, place, pod_demand
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, CORES_PER_GPU
 from runtime_hook.placement import Assignment, decode_assignment
-from tests.extender.cluster import CORE_KEYS, GIB, RunningExtender, binding_args, pod_object
+from tests.extender.cluster import CORE_KEYS, GIB, ExtenderProcess, binding_args, pod_object
 from tests.fake_cluster_api import FakeClusterApi, running
 from tests.node.fake_kubelet import StartError
 from tests.node.gpu_node import GpuNode
@@ -134,13 +138,14 @@ class Simulation:
         self._unschedulable: list[dict[str, Any]] = []
         self._running: dict[str, _Running] = {}
         self._in_flight = 0
-        self._node_json: list[bytes] = []
+        self._node_json: dict[str, bytes] = {}
+        self._node_versions: dict[str, str] = {}
         self._node_json_at = 0.0
         self._stop = threading.Event()
 
-    def _extender(self, index: int) -> RunningExtender:
-        return RunningExtender(self.api, self.root / f"extender-{index}.log",
-                               strategy=self.s.strategy, max_age=MAX_AGE, clock=time.time)
+    def _extender(self, index: int) -> ExtenderProcess:
+        return ExtenderProcess(self.root / "kubeconfig", self.root / f"extender-{index}.log",
+                               strategy=self.s.strategy, max_age=MAX_AGE)
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -266,35 +271,42 @@ class Simulation:
     def _cycle(self, pod: dict[str, Any], binds: ThreadPoolExecutor) -> None:
         extender = self.extenders[self._turn % 2]
         self._turn += 1
-        args = self._args(pod)
-        result = extender.verb("/filter", args)
-        kept = result["nodes"]["items"]
-        if not kept:
+        pod_json = msgspec.json.encode(pod)
+        nodes = self._cached_nodes()
+        result = _decode_filtered(extender.answer("/filter", _envelope(pod_json, nodes.values())))
+        names = [item.metadata.name for item in result.nodes.items]
+        if not names:
             with self._lock:
                 self._unschedulable.append(pod)
             return
-        names = [n["metadata"]["name"] for n in kept]
-        nodes_json = b",".join(json.dumps(n).encode() for n in kept)
-        scores = extender.verb("/prioritize", _envelope(pod, nodes_json))
-        best = max(s["score"] for s in scores)
-        choice = self._random.choice([s["host"] for s in scores if s["score"] == best])
+        scores = _decode_scores(extender.answer("/prioritize", _envelope(
+            pod_json, (nodes[name] for name in names))))
+        best = max(s.score for s in scores)
+        choice = self._random.choice([s.host for s in scores if s.score == best])
         assert choice in names
         with self._lock:
             self._in_flight += 1
-        binds.submit(self._bind, pod, choice, self.extenders[self._turn % 2])
+        binds.submit(self._bind, pod, choice, extender)
 
-    def _args(self, pod: dict[str, Any]) -> bytes:
+    def _cached_nodes(self) -> dict[str, bytes]:
+        """The scheduler's informer cache of the nodes, a little behind the API, as JSON; a
+        node is encoded again only when its resourceVersion moved."""
         now = time.monotonic()
-        if now - self._node_json_at > 0.02:  # the scheduler's informer cache, a little behind
+        if now - self._node_json_at > 0.02:
             with self.api.lock:
-                self._node_json = [json.dumps(self.api.objects[f"/api/v1/nodes/{name}"])
-                                   .encode() for name in self.nodes]
+                stored = [self.api.objects[f"/api/v1/nodes/{name}"] for name in self.nodes]
+                for node in stored:
+                    metadata = node["metadata"]
+                    version = metadata["resourceVersion"]
+                    if self._node_versions.get(metadata["name"]) != version:
+                        self._node_versions[metadata["name"]] = version
+                        self._node_json[metadata["name"]] = _encode(node)
             self._node_json_at = now
-        return _envelope(pod, b",".join(self._node_json))
+        return self._node_json
 
-    def _bind(self, pod: dict[str, Any], node: str, extender: RunningExtender) -> None:
+    def _bind(self, pod: dict[str, Any], node: str, extender: ExtenderProcess) -> None:
         try:
-            answer = extender.verb("/bind", binding_args(pod, node))
+            answer = json.loads(extender.answer("/bind", binding_args(pod, node)))
         except Exception as exc:  # the report shows it; the pod is lost
             self.report.errors.append(f"bind {pod['metadata']['name']}: {exc!r}")
             with self._lock:
@@ -393,8 +405,46 @@ class Simulation:
         return views
 
 
-def _envelope(pod: dict[str, Any], nodes_json: bytes) -> bytes:
-    return b'{"pod":' + json.dumps(pod).encode() + b',"nodes":{"items":[' + nodes_json + b"]}}"
+class _Meta(msgspec.Struct):
+    name: str
+
+
+class _Named(msgspec.Struct):
+    metadata: _Meta
+
+
+class _Items(msgspec.Struct):
+    items: list[_Named] | None = None
+
+
+class _FilterResult(msgspec.Struct):
+    """What the scheduler reads of ExtenderFilterResult here: the kept nodes' names."""
+
+    nodes: _Items = msgspec.field(default_factory=_Items)
+    error: str = ""
+
+
+class _HostPriority(msgspec.Struct):
+    host: str
+    score: int
+
+
+_encode = msgspec.json.Encoder().encode
+_decode_filter_result = msgspec.json.Decoder(_FilterResult).decode
+_decode_scores = msgspec.json.Decoder(list[_HostPriority]).decode
+
+
+def _decode_filtered(body: bytes) -> _FilterResult:
+    result = _decode_filter_result(body)
+    assert not result.error, result.error
+    if result.nodes.items is None:
+        result.nodes.items = []
+    return result
+
+
+def _envelope(pod_json: bytes, nodes_json: Iterable[bytes]) -> bytes:
+    """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: false."""
+    return b'{"pod":' + pod_json + b',"nodes":{"items":[' + b",".join(nodes_json) + b"]}}"
 
 
 def _wanted(container: str, assignment: Assignment) -> list[str] | None:
