@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import time
 from typing import Any
@@ -11,8 +10,10 @@ from typing import Any
 import aiohttp
 
 from extender.errors import ExtenderError
+from runtime_hook.contract import CredentialsError, api_client, in_cluster
 
 MERGE_PATCH = "application/merge-patch+json"
+_SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 _TOKEN_REREAD = 60.0  # seconds: projected service account tokens are rotated on disk
 
 
@@ -38,25 +39,17 @@ class Credentials:
     @classmethod
     def load(cls, kubeconfig: str | None) -> Credentials:
         """From ``kubeconfig``, else the pod's service account; raise KubeError if neither works."""
-        from kubernetes import client, config
-
-        configuration = client.Configuration()
-        in_cluster = kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST")
         try:
-            if in_cluster:
-                config.load_incluster_config(client_configuration=configuration)
-            else:
-                config.load_kube_config(config_file=kubeconfig,
-                                        client_configuration=configuration)
-        except (config.ConfigException, OSError) as exc:
-            raise KubeError(0, f"no Kubernetes credentials: {exc}") from None
+            configuration = api_client(kubeconfig).configuration
+        except CredentialsError as exc:
+            raise KubeError(0, str(exc)) from None
         context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
         if configuration.cert_file:
             context.load_cert_chain(configuration.cert_file, configuration.key_file)
         keys = configuration.api_key or {}  # the key's name differs between client versions
         token = (keys.get("BearerToken") or keys.get("authorization") or "").removeprefix(
             "Bearer ")
-        token_file = "/var/run/secrets/kubernetes.io/serviceaccount/token" if in_cluster else None
+        token_file = _SERVICE_ACCOUNT_TOKEN if in_cluster(kubeconfig) else None
         return cls(configuration.host, context, token or None, token_file)
 
     def header(self) -> dict[str, str]:

@@ -49,6 +49,11 @@ from runtime_hook.hook_log import EVENT_FIELD as EVENT_FIELD
 from runtime_hook.hook_log import LEVEL_FIELD as LEVEL_FIELD
 from runtime_hook.hook_log import TIME_FIELD as TIME_FIELD
 from runtime_hook.hook_log import log_line as log_line
+
+# Every component's way to its Kubernetes credentials (kubernetes is imported only when used).
+from runtime_hook.kube_credentials import CredentialsError as CredentialsError
+from runtime_hook.kube_credentials import api_client as api_client
+from runtime_hook.kube_credentials import in_cluster as in_cluster
 from runtime_hook.record import Record
 
 TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)

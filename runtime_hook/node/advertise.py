@@ -28,6 +28,7 @@ from runtime_hook.contract import (
     write_inventory,
 )
 from runtime_hook.hook_errors import NodeError
+from runtime_hook.kube_credentials import CredentialsError, api_client
 
 Operation = dict[str, Any]  # one JSON Patch operation
 _FIELDS = ("capacity", "allocatable")
@@ -81,23 +82,6 @@ def update_inventory(path: str, gpus: list[Gpu]) -> bool:
     return True
 
 
-def api_client(kubeconfig: str | None = None) -> Any:
-    """A ``kubernetes`` ApiClient: from ``kubeconfig``, else the pod's service account.
-
-    Raise AdvertiseError when there are no credentials.
-    """
-    from kubernetes import client, config  # only an agent that talks to Kubernetes pays for it
-
-    try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)
-            return client.ApiClient(configuration)
-        return config.new_client_from_config(config_file=kubeconfig)
-    except (config.ConfigException, OSError) as exc:
-        raise AdvertiseError(f"no Kubernetes credentials: {exc}") from None
-
-
 class NodeStatus:
     """One node's status through the ``kubernetes`` client."""
 
@@ -105,7 +89,10 @@ class NodeStatus:
         from kubernetes import client
 
         self.node = node
-        self._api = client.CoreV1Api(api_client(kubeconfig))
+        try:
+            self._api = client.CoreV1Api(api_client(kubeconfig))
+        except CredentialsError as exc:
+            raise AdvertiseError(str(exc), exc.fix) from None
 
     def read(self) -> dict[str, Any]:
         """The node object, as JSON."""

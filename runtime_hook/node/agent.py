@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # the agent loads them (and kubernetes, grpc) only to adverti
 # Where kubelet and the runtime meet vcuda's device plugin, on the node (under --host-root).
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
-CDI_DIR = "/var/run/cdi"
 
 
 class Settings(NamedTuple):
@@ -158,12 +157,13 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
 
 def _placement(settings: Settings, status: NodeStatus, log: logging.Logger) -> Placement:
     from runtime_hook.contract import resource_names
+    from runtime_hook.node import cdi_files
     from runtime_hook.node.host_root import host_path
     from runtime_hook.node.placement_agent import Paths, Placement
 
     def on_host(path: str) -> str:
         return host_path(settings.host_root, path)
 
-    paths = Paths(on_host(PLUGIN_DIR), on_host(CDI_DIR), on_host(POD_RESOURCES))
+    paths = Paths(on_host(PLUGIN_DIR), on_host(cdi_files.DEFAULT_DIR), on_host(POD_RESOURCES))
     core_keys = tuple(resource_names(domain)[0] for domain in settings.domains)
     return Placement(status, paths, core_keys, log)

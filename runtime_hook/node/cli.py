@@ -20,6 +20,7 @@ from runtime_hook.contract import (
     number_flag,
 )
 from runtime_hook.hook_cli import DEFAULT_LIBRARY, DEFAULT_STATE_DIR
+from runtime_hook.node import cdi_files
 from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.plugin import DEFAULT_KUBELET_DIR
 from runtime_hook.node.logs import LEVELS, event, setup
@@ -181,9 +182,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="be a DRA driver on this node (default: no)")
     dra.add_argument("--kubelet-dir", type=_absolute, default=DEFAULT_KUBELET_DIR, metavar="DIR",
                      help=f"kubelet's root directory on the node (default: {DEFAULT_KUBELET_DIR})")
-    dra.add_argument("--cdi-dir", type=_absolute, default=cdi.DEFAULT_DIR, metavar="DIR",
+    dra.add_argument("--cdi-dir", type=_absolute, default=cdi_files.DEFAULT_DIR, metavar="DIR",
                      help="where the runtime reads transient CDI specs on the node "
-                          f"(default: {cdi.DEFAULT_DIR})")
+                          f"(default: {cdi_files.DEFAULT_DIR})")
     dra.add_argument("--library", type=_absolute, default=DEFAULT_LIBRARY, metavar="FILE",
                      help=f"libvcuda.so on the node, as installed (default: {DEFAULT_LIBRARY})")
     dra.add_argument("--gpu-cdi-kind", default=cdi.NVIDIA_KIND, metavar="KIND",

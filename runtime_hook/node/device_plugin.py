@@ -18,7 +18,6 @@ again, so a runtime's cached spec of an old holder can never name a new holder's
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -29,11 +28,11 @@ from typing import Any
 
 from runtime_hook.contract import SHARED_RESOURCE, WHOLE_RESOURCE
 from runtime_hook.device_assignment import DEVICE_LIST_DIR, DEVICE_LIST_SOURCE, ENV_NAME
+from runtime_hook.node import cdi_files
 from runtime_hook.node.logs import event
 
 API_VERSION = "v1beta1"
 CDI_KIND = "vcuda.io/gpu"
-CDI_VERSION = "0.6.0"
 KUBELET_SOCKET = "kubelet.sock"
 SLOTS_PER_GPU = {SHARED_RESOURCE: 100, WHOLE_RESOURCE: 1}  # a share is at least 1% of a GPU
 _PREFIX = {SHARED_RESOURCE: "s", WHOLE_RESOURCE: "w"}
@@ -44,7 +43,7 @@ Resolve = Callable[[str, list[str]], dict[str, str]]
 
 def cdi_spec(device: str, gpu: str) -> dict[str, Any]:
     """The CDI spec that gives ``gpu`` to a container holding ``device``."""
-    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": [{
+    return cdi_files.spec(CDI_KIND, [{
         "name": device,
         "containerEdits": {
             "env": [f"{ENV_NAME}={DEVICE_LIST_DIR}"],
@@ -52,7 +51,7 @@ def cdi_spec(device: str, gpu: str) -> dict[str, Any]:
                         "containerPath": f"{DEVICE_LIST_DIR}/{gpu}",
                         "options": ["ro", "nosuid", "noexec", "bind"]}],
         },
-    }]}
+    }])
 
 
 class Slots:
@@ -168,25 +167,20 @@ class DevicePlugin:
     # --- CDI specs --------------------------------------------------------------------------
 
     def spec_path(self, device: str) -> str:
-        return os.path.join(self._cdi_dir, f"vcuda-{device}.json")
+        return cdi_files.spec_path(self._cdi_dir, CDI_KIND, device)
 
     def written(self) -> list[str]:
         """The device IDs of this resource whose CDI spec is on disk."""
-        prefix = f"vcuda-{_PREFIX[self.resource]}"
+        prefix = cdi_files.file_prefix(CDI_KIND)
         try:
             names = os.listdir(self._cdi_dir)
         except FileNotFoundError:
             return []
-        return [n[len("vcuda-"):-len(".json")] for n in names
-                if n.startswith(prefix) and n.endswith(".json")]
+        return [n[len(prefix):-len(".json")] for n in names
+                if n.startswith(prefix + _PREFIX[self.resource]) and n.endswith(".json")]
 
     def _write_spec(self, device: str, gpu: str) -> None:
-        os.makedirs(self._cdi_dir, mode=0o755, exist_ok=True)
-        path = self.spec_path(device)
-        tmp = f"{path}.tmp"  # not .json: the runtime reads only finished specs
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump(cdi_spec(device, gpu), out)
-        os.replace(tmp, path)
+        cdi_files.write(self.spec_path(device), cdi_spec(device, gpu))
 
 
 _MESSAGES: Any = None

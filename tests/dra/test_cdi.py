@@ -15,6 +15,7 @@ import pytest
 import referencing
 
 from runtime_hook import contract
+from runtime_hook.node import cdi_files
 from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.prepare import Paths, Preparer
 from runtime_hook.node.dra.slices import DRIVER, device_name
@@ -110,8 +111,8 @@ def test_podman_applies_the_cdi_devices_prepare_returned_to_a_busybox_container(
     command = ["podman", "run", "--rm", "--network", "none", "--runtime", "runc",
                "--cgroup-manager", "cgroupfs", "--ulimit", "nofile=1024:1024",
                "--ulimit", "nproc=1024:1024", *devices, image, "sh", "-c", _SCRIPT]
-    os.makedirs(cdi.DEFAULT_DIR, exist_ok=True)
-    shell = f'mount --bind "$0" {cdi.DEFAULT_DIR} && exec "$@"'
+    os.makedirs(cdi_files.DEFAULT_DIR, exist_ok=True)
+    shell = f'mount --bind "$0" {cdi_files.DEFAULT_DIR} && exec "$@"'
     run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell,
                           str(dra_node.cdi_dir), *command],
                          capture_output=True, text=True, timeout=120)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from kubernetes import client, config
+from kubernetes import client
 
+from runtime_hook.contract import CredentialsError, api_client
 from webhook.certs.act import Clock, Issuing
 from webhook.certs.cluster import Cluster, ClusterError, DryRun, Target
 from webhook.certs.plan import Policy
@@ -163,10 +163,6 @@ def _default_namespace() -> str:
 
 def _api_client(kubeconfig: str | None) -> client.ApiClient:
     try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            configuration = client.Configuration()
-            config.load_incluster_config(client_configuration=configuration)
-            return client.ApiClient(configuration)
-        return config.new_client_from_config(config_file=kubeconfig)
-    except (config.ConfigException, OSError) as error:
-        raise ClusterError(f"no Kubernetes credentials: {error}") from None
+        return api_client(kubeconfig)
+    except CredentialsError as error:
+        raise ClusterError(str(error)) from None

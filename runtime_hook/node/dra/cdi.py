@@ -22,24 +22,19 @@ whose device ``nvidia.com/gpu=<uuid>`` Prepare names beside this one.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from typing import Any
 
 from runtime_hook import inject
 from runtime_hook.contract import ACCOUNT_MOUNT, LIMITS_PATH
 from runtime_hook.hook_errors import UsageError
+from runtime_hook.node import cdi_files
 from runtime_hook.node_state import ACCOUNT_DIR, LIMITS_FILE, PRELOAD_FILE
 
 assert os.path.basename(LIMITS_PATH) == LIMITS_FILE  # /etc/vcuda is the record itself
 
 KIND = "vcuda.io/claim"
 NVIDIA_KIND = "nvidia.com/gpu"
-# 0.5.0 has everything used here, and every CDI-capable runtime reads it
-# (podman 4.3, containerd 1.7, CRI-O 1.28 included).
-CDI_VERSION = "0.5.0"
-DEFAULT_DIR = "/var/run/cdi"
 
 _READ_ONLY = ["ro", "bind", "nosuid", "nodev"]
 
@@ -56,7 +51,7 @@ def gpu_id(uuid: str, kind: str = NVIDIA_KIND) -> str:
 
 def spec_path(directory: str, claim_uid: str) -> str:
     """Where the spec of ``claim_uid`` lives in the CDI ``directory``."""
-    return os.path.join(directory, f"{KIND.replace('/', '-')}_{claim_uid}.json")
+    return cdi_files.spec_path(directory, KIND, claim_uid)
 
 
 def spec(claim_uid: str, record: str, library: str) -> dict[str, Any]:
@@ -77,41 +72,11 @@ def spec(claim_uid: str, record: str, library: str) -> dict[str, Any]:
         (os.path.join(record, ACCOUNT_DIR), ACCOUNT_MOUNT,
          ["rw", "bind", "nosuid", "nodev", "noexec"]),
     ]
-    return {
-        "cdiVersion": CDI_VERSION,
-        "kind": KIND,
-        "devices": [{
-            "name": claim_uid,
-            "containerEdits": {"mounts": [
-                {"hostPath": host, "containerPath": target, "options": options}
-                for host, target, options in mounts
-            ]},
-        }],
-    }
+    return cdi_files.spec(KIND, [{
+        "name": claim_uid,
+        "containerEdits": {"mounts": [
+            {"hostPath": host, "containerPath": target, "options": options}
+            for host, target, options in mounts
+        ]},
+    }])
 
-
-def write(path: str, body: dict[str, Any]) -> None:
-    """Write the spec ``body`` to ``path`` whole (a runtime never reads half of it)."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    # A name runtimes skip (not .json), unique to this call: prepares run in threads.
-    fd, partial = tempfile.mkstemp(dir=directory, prefix=".", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(body, out, indent=1, sort_keys=True)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(partial, 0o644)
-        os.replace(partial, path)
-    except BaseException:
-        remove(partial)
-        raise
-
-
-def remove(path: str) -> bool:
-    """Remove the spec at ``path``; return whether there was one."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    return True

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime_hook.hook_errors import NodeError
-from runtime_hook.node.advertise import AdvertiseError, api_client
+from runtime_hook.kube_credentials import CredentialsError, api_client
 
 _FIX_RBAC = ("grant it with manifests/dra/rbac.yaml (get resourceclaims; get, create, update "
              "resourceslices) and manifests/node-rbac.yaml (get nodes)")
@@ -27,7 +27,7 @@ class DraApi:
 
         try:
             connection = api_client(kubeconfig)
-        except AdvertiseError as exc:
+        except CredentialsError as exc:
             raise DraApiError(str(exc), exc.fix) from None
         self._api = client.ResourceV1Api(connection)
         self._core = client.CoreV1Api(connection)

@@ -24,6 +24,7 @@ from runtime_hook import contract, inject, ledger
 from runtime_hook.apply_limits import write_record_files
 from runtime_hook.hook_errors import NodeError
 from runtime_hook.limits_decision import Request, overcommit
+from runtime_hook.node import cdi_files
 from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.allocation import Share, claim_name, shares
 from runtime_hook.node.dra.slices import device_name, memory_capacity
@@ -99,7 +100,7 @@ class Preparer:
             self._commit(uid, claim, found, inventory)
             if limited:
                 record = StateDir(self._paths.state_dir).container_dir(RECORD_PREFIX + uid)
-                cdi.write(self._spec_path(uid), cdi.spec(uid, record, self._paths.library))
+                cdi_files.write(self._spec_path(uid), cdi.spec(uid, record, self._paths.library))
         prepared = []
         for number, share in enumerate(found):
             ids = [cdi.gpu_id(share.uuid, self._gpu_kind)]
@@ -112,7 +113,7 @@ class Preparer:
         """Undo :meth:`prepare` of claim ``uid``; nothing to undo is success too."""
         _check_uid(uid)
         with self._state.locked(LOCK_TIMEOUT):
-            cdi.remove(self._spec_path(uid))
+            cdi_files.remove(self._spec_path(uid))
             self._state.release(RECORD_PREFIX + uid)
 
     def prepared(self) -> Counter[str]:
