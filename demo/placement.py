@@ -71,13 +71,13 @@ def place_on_two_gpus(work: Path) -> Done:
         _wait_ready(port, process)
         now = int(time.time())
         node, pod = _node(now), _pod()
-        args = json.dumps({"pod": pod, "nodes": {"items": [node]}}).encode()
+        args = json.dumps({"Pod": pod, "Nodes": {"items": [node]}, "NodeNames": None}).encode()
         kept = _post(port, "/filter", args)
         scores = _post(port, "/prioritize", args)
     finally:
         process.terminate()
         process.wait(timeout=10)
-    if [n["metadata"]["name"] for n in kept["nodes"]["items"]] != ["gpu-node"]:
+    if [n["metadata"]["name"] for n in kept["Nodes"]["items"]] != ["gpu-node"]:
         raise StepFailed(f"the extender did not keep the node: {kept}")
     view = node_gpus("gpu-node", node["metadata"]["annotations"], now, 120)
     chosen = place(view, pod_demand(pod, _CORE_KEYS)).assignment.shared
@@ -92,7 +92,7 @@ def place_on_two_gpus(work: Path) -> Done:
          "old path:  NVIDIA's time-slicing hands out the GPU with the fewest replicas given "
          "out, GPU-demo-0 (5 GiB free): the hook refuses the 10 GiB container, for good",
          f"vcuda:     POST /filter keeps gpu-node; POST /prioritize scores it "
-         f"{scores[0]['score']}/10; bind records {chosen[0]} (30%, 10 GiB)"])
+         f"{scores[0]['Score']}/10; bind records {chosen[0]} (30%, 10 GiB)"])
 
 
 def _free_port() -> int:

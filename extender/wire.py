@@ -1,5 +1,12 @@
 """kube-scheduler's extender API v1 on the wire: the arguments of filter, prioritize and bind,
-and their answers, with the JSON field names of ``k8s.io/kube-scheduler/extender/v1``.
+and their answers, as ``k8s.io/kube-scheduler/extender/v1`` puts them on the wire.
+
+Those Go types carry no JSON tags, so kube-scheduler's ``encoding/json`` writes the Go field
+names (``Pod``, ``Nodes``, ``PodName``, ...), and reads answers matching keys without regard to
+case. Requests are read under those names, and under the lower-case ones of the older tagged
+types (``pod``, ``nodes``, ``nodenames``, ``podName``, ...), which Go's decoder accepts alike;
+answers use the Go field names. The Kubernetes objects inside (Pod, NodeList) have their
+usual names.
 
 The scheduler sends whole Node objects (``nodeCacheCapable: false``); only their names and
 annotations are decoded, and filter answers the objects it keeps byte for byte as they came.
@@ -34,9 +41,12 @@ class _NodeList(msgspec.Struct, frozen=True):
 
 
 class _ExtenderArgs(msgspec.Struct, frozen=True):
-    pod: dict[str, Any] | None = None
-    nodes: _NodeList | None = None
-    nodenames: list[str] | None = None
+    pod: dict[str, Any] | None = msgspec.field(default=None, name="Pod")
+    nodes: _NodeList | None = msgspec.field(default=None, name="Nodes")
+    node_names: list[str] | None = msgspec.field(default=None, name="NodeNames")
+    old_pod: dict[str, Any] | None = msgspec.field(default=None, name="pod")
+    old_nodes: _NodeList | None = msgspec.field(default=None, name="nodes")
+    old_node_names: list[str] | None = msgspec.field(default=None, name="nodenames")
 
 
 class ExtenderArgs(msgspec.Struct, frozen=True):
@@ -47,18 +57,29 @@ class ExtenderArgs(msgspec.Struct, frozen=True):
     raw_nodes: list[msgspec.Raw]
 
 
-class BindingArgs(msgspec.Struct, frozen=True, rename="camel"):
+class BindingArgs(msgspec.Struct, frozen=True):
     """ExtenderBindingArgs: the pod to bind and the node chosen."""
 
     pod_name: str
     pod_namespace: str
-    pod_uid: str = msgspec.field(name="podUID")
-    node: str = ""
+    pod_uid: str
+    node: str
+
+
+class _BindingArgs(msgspec.Struct, frozen=True):
+    pod_name: str = msgspec.field(default="", name="PodName")
+    pod_namespace: str = msgspec.field(default="", name="PodNamespace")
+    pod_uid: str = msgspec.field(default="", name="PodUID")
+    node: str = msgspec.field(default="", name="Node")
+    old_pod_name: str = msgspec.field(default="", name="podName")
+    old_pod_namespace: str = msgspec.field(default="", name="podNamespace")
+    old_pod_uid: str = msgspec.field(default="", name="podUID")
+    old_node: str = msgspec.field(default="", name="node")
 
 
 _decode_args = msgspec.json.Decoder(_ExtenderArgs).decode
 _decode_node = msgspec.json.Decoder(NodeHead).decode
-_decode_binding = msgspec.json.Decoder(BindingArgs).decode
+_decode_binding = msgspec.json.Decoder(_BindingArgs).decode
 _encode = msgspec.json.Encoder().encode
 
 
@@ -68,36 +89,41 @@ def parse_args(body: bytes) -> ExtenderArgs:
         args = _decode_args(body)
     except msgspec.DecodeError as exc:
         raise BadArguments(f"not ExtenderArgs: {exc}") from None
-    if not args.pod:
-        raise BadArguments("ExtenderArgs without a pod: the body needs \"pod\"")
-    metadata = args.pod.get("metadata")
-    if not isinstance(metadata, dict) or not isinstance(args.pod.get("spec"), dict):
-        raise BadArguments("ExtenderArgs.pod has no metadata or spec object")
-    if args.nodes is None:
-        if args.nodenames is not None:
-            raise BadArguments("ExtenderArgs has nodenames only: configure this extender with "
+    pod = args.pod if args.pod is not None else args.old_pod
+    nodes = args.nodes if args.nodes is not None else args.old_nodes
+    if not pod:
+        raise BadArguments("ExtenderArgs without a pod: the body needs \"Pod\"")
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, dict) or not isinstance(pod.get("spec"), dict):
+        raise BadArguments("ExtenderArgs.Pod has no metadata or spec object")
+    if nodes is None:
+        if args.node_names is not None or args.old_node_names is not None:
+            raise BadArguments("ExtenderArgs has NodeNames only: configure this extender with "
                                "nodeCacheCapable: false, so the scheduler sends the nodes")
-        raise BadArguments("ExtenderArgs without nodes: the body needs \"nodes\": {\"items\": "
+        raise BadArguments("ExtenderArgs without nodes: the body needs \"Nodes\": {\"items\": "
                            "[...]}")
-    raw = args.nodes.items or []
+    raw = nodes.items or []
     try:
         heads = [_decode_node(item) for item in raw]
     except msgspec.DecodeError as exc:
-        raise BadArguments(f"ExtenderArgs.nodes.items: {exc}") from None
+        raise BadArguments(f"ExtenderArgs.Nodes.items: {exc}") from None
     for index, head in enumerate(heads):
         if not head.metadata.name:
-            raise BadArguments(f"ExtenderArgs.nodes.items[{index}] has no metadata.name")
-    return ExtenderArgs(args.pod, heads, raw)
+            raise BadArguments(f"ExtenderArgs.Nodes.items[{index}] has no metadata.name")
+    return ExtenderArgs(pod, heads, raw)
 
 
 def parse_binding(body: bytes) -> BindingArgs:
     """Read ExtenderBindingArgs; raise BadArguments naming a missing or wrong field."""
     try:
-        args = _decode_binding(body)
+        sent = _decode_binding(body)
     except msgspec.DecodeError as exc:
         raise BadArguments(f"not ExtenderBindingArgs: {exc}") from None
-    for field, value in (("podName", args.pod_name), ("podNamespace", args.pod_namespace),
-                         ("podUID", args.pod_uid), ("node", args.node)):
+    args = BindingArgs(sent.pod_name or sent.old_pod_name,
+                       sent.pod_namespace or sent.old_pod_namespace,
+                       sent.pod_uid or sent.old_pod_uid, sent.node or sent.old_node)
+    for field, value in (("PodName", args.pod_name), ("PodNamespace", args.pod_namespace),
+                         ("PodUID", args.pod_uid), ("Node", args.node)):
         if not value:
             raise BadArguments(f"ExtenderBindingArgs.{field} is empty")
     return args
@@ -106,21 +132,21 @@ def parse_binding(body: bytes) -> BindingArgs:
 def filter_result(kept: list[msgspec.Raw], failed: dict[str, str],
                   unresolvable: dict[str, str], error: str = "") -> bytes:
     """ExtenderFilterResult: the nodes kept (as they came), and why each other one failed."""
-    result: dict[str, Any] = {"nodes": {"items": kept}}
+    result: dict[str, Any] = {"Nodes": {"items": kept}}
     if failed:
-        result["failedNodes"] = failed
+        result["FailedNodes"] = failed
     if unresolvable:
-        result["failedAndUnresolvableNodes"] = unresolvable
+        result["FailedAndUnresolvableNodes"] = unresolvable
     if error:
-        result["error"] = error
+        result["Error"] = error
     return _encode(result)
 
 
 def priority_list(scores: list[tuple[str, int]]) -> bytes:
-    """HostPriorityList: one ``{"host", "score"}`` per node."""
-    return _encode([{"host": host, "score": score} for host, score in scores])
+    """HostPriorityList: one ``{"Host", "Score"}`` per node."""
+    return _encode([{"Host": host, "Score": score} for host, score in scores])
 
 
 def binding_result(error: str = "") -> bytes:
     """ExtenderBindingResult: empty on success, else the error the pod's events show."""
-    return _encode({"error": error} if error else {})
+    return _encode({"Error": error} if error else {})

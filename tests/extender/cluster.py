@@ -79,14 +79,16 @@ def _container(name: str, limits: dict[str, str]) -> dict[str, Any]:
 
 
 def extender_args(pod: dict[str, Any], nodes: list[dict[str, Any]]) -> bytes:
-    """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: false."""
-    return json.dumps({"pod": pod, "nodes": {"metadata": {}, "items": nodes}}).encode()
+    """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: false (Go field names:
+    the upstream type has no JSON tags)."""
+    return json.dumps({"Pod": pod, "Nodes": {"metadata": {}, "items": nodes},
+                       "NodeNames": None}).encode()
 
 
 def binding_args(pod: dict[str, Any], node: str) -> bytes:
     metadata = pod["metadata"]
-    return json.dumps({"podName": metadata["name"], "podNamespace": metadata["namespace"],
-                       "podUID": metadata["uid"], "node": node}).encode()
+    return json.dumps({"PodName": metadata["name"], "PodNamespace": metadata["namespace"],
+                       "PodUID": metadata["uid"], "Node": node}).encode()
 
 
 def credentials(api: FakeClusterApi) -> Credentials:

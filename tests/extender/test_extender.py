@@ -41,7 +41,7 @@ def stored_pod(api: FakeClusterApi, pod: dict) -> dict:
 
 
 def bind(extender: RunningExtender, pod: dict, node: str) -> str:
-    return extender.verb("/bind", binding_args(pod, node)).get("error", "")
+    return extender.verb("/bind", binding_args(pod, node)).get("Error", "")
 
 
 def test_filter_keeps_only_nodes_where_one_gpu_holds_the_share(
@@ -49,9 +49,9 @@ def test_filter_keeps_only_nodes_where_one_gpu_holds_the_share(
     roomy, split = node_object("roomy", [16 * GIB, 16 * GIB]), node_object("split", [8 * GIB] * 4)
     pod = pod_object("p", cores=30, memory_gib=10)
     result = extender.verb("/filter", extender_args(pod, [roomy, split]))
-    assert [n["metadata"]["name"] for n in result["nodes"]["items"]] == ["roomy"]
-    assert result["nodes"]["items"][0] == roomy  # handed back as it came
-    assert result["failedNodes"] == {
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["roomy"]
+    assert result["Nodes"]["items"][0] == roomy  # handed back as it came
+    assert result["FailedNodes"] == {
         "split": "no GPU has 30% and 10 GiB free (GPU 0 has 100% and 8 GiB free, the closest)"}
 
 
@@ -59,8 +59,8 @@ def test_a_node_whose_agent_stopped_publishing_is_filtered_out_for_good_with_the
         extender: RunningExtender) -> None:
     stale = node_object("stale", [16 * GIB], heartbeat=NOW - 600)
     result = extender.verb("/filter", extender_args(pod_object("p", 10, 1), [stale]))
-    assert result["nodes"]["items"] == []
-    assert result["failedAndUnresolvableNodes"]["stale"].startswith(
+    assert result["Nodes"]["items"] == []
+    assert result["FailedAndUnresolvableNodes"]["stale"].startswith(
         "the vcuda node agent last published this node's GPUs 600 s ago (limit 120 s)")
 
 
@@ -69,7 +69,7 @@ def test_a_pod_not_admitted_by_the_webhook_fails_every_node_with_what_to_do(
     pod = pod_object("p", cores=30, memory_gib=1)
     del pod["metadata"]["annotations"]
     result = extender.verb("/filter", extender_args(pod, [node_object("n", [GIB])]))
-    assert "recreate the pod through it" in result["failedAndUnresolvableNodes"]["n"]
+    assert "recreate the pod through it" in result["FailedAndUnresolvableNodes"]["n"]
 
 
 def test_prioritize_scores_the_fuller_node_higher_under_binpack(
@@ -80,7 +80,7 @@ def test_prioritize_scores_the_fuller_node_higher_under_binpack(
     assert bind(extender, first, "busy") == ""
     busy = stored_node(api, "busy")
     scores = extender.verb("/prioritize", extender_args(pod_object("p", 20, 2), [busy, empty]))
-    by_host = {s["host"]: s["score"] for s in scores}
+    by_host = {s["Host"]: s["Score"] for s in scores}
     assert by_host["busy"] > by_host["empty"] >= 0 and max(by_host.values()) <= 10
 
 
@@ -142,8 +142,8 @@ def test_a_pod_replaced_under_the_same_name_is_not_bound(
     add(api, node_object("n", [16 * GIB]))
     pod = add(api, pod_object("p", 10, 1))[0]
     replaced = json.loads(binding_args(pod, "n"))
-    replaced["podUID"] = "another-uid"
-    error = extender.verb("/bind", json.dumps(replaced).encode())["error"]
+    replaced["PodUID"] = "another-uid"
+    error = extender.verb("/bind", json.dumps(replaced).encode())["Error"]
     assert error.startswith("pod team/p was replaced")
 
 
@@ -189,15 +189,17 @@ def test_whole_gpu_pods_get_unused_gpus_and_shared_pods_never_land_on_them(
 
 @pytest.mark.parametrize(("path", "body", "message"), [
     ("/filter", b"{not json", "not ExtenderArgs: JSON is malformed"),
-    ("/filter", b'{"nodes": {"items": []}}', "ExtenderArgs without a pod"),
+    ("/filter", b'{"Nodes": {"items": []}, "NodeNames": null}', "ExtenderArgs without a pod"),
+    ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": null, "NodeNames": ["a"]}',
+     "configure this extender with nodeCacheCapable: false"),
     ("/filter", b'{"pod": {"metadata": {}, "spec": {}}, "nodenames": ["a"]}',
      "configure this extender with nodeCacheCapable: false"),
-    ("/prioritize", b'{"pod": {"metadata": {}, "spec": {}}, "nodes": {"items": [{}]}}',
-     "ExtenderArgs.nodes.items[0] has no metadata.name"),
-    ("/filter", b'{"pod": {"metadata": {}, "spec": {}}, "nodes": {"items": 3}}',
-     "Expected `array | null`, got `int` - at `$.nodes.items`"),
-    ("/bind", b'{"podName": "p", "podNamespace": "team", "podUID": "u"}',
-     "ExtenderBindingArgs.node is empty"),
+    ("/prioritize", b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [{}]}}',
+     "ExtenderArgs.Nodes.items[0] has no metadata.name"),
+    ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": 3}}',
+     "Expected `array | null`, got `int` - at `$.Nodes.items`"),
+    ("/bind", b'{"PodName": "p", "PodNamespace": "team", "PodUID": "u"}',
+     "ExtenderBindingArgs.Node is empty"),
     ("/bind", b'[]', "not ExtenderBindingArgs: Expected `object`, got `array`"),
 ])
 def test_malformed_arguments_get_400_with_a_message(extender: RunningExtender, path: str,
@@ -252,8 +254,8 @@ def test_room_of_a_pod_bound_then_deleted_comes_back_once_its_ledger_line_is_pru
     assert bind(extender, first, "n") == ""
     later = pod_object("later", 60, 10)
     seen = extender.verb("/filter", extender_args(later, [stored_node(api, "n")]))
-    assert seen["nodes"]["items"] == []  # the first pod holds the room
+    assert seen["Nodes"]["items"] == []  # the first pod holds the room
     pruned = stored_node(api, "n")
     pruned["metadata"]["annotations"][LEDGER_ANNOTATION] = '{"version":1,"pods":{}}'
     again = extender.verb("/filter", extender_args(later, [pruned]))
-    assert [n["metadata"]["name"] for n in again["nodes"]["items"]] == ["n"]
+    assert [n["metadata"]["name"] for n in again["Nodes"]["items"]] == ["n"]

@@ -313,10 +313,10 @@ class Simulation:
                 self._in_flight -= 1
             return
         try:
-            if answer.get("error"):
+            if answer.get("Error"):
                 with self._lock:
                     self.report.bind_failures += 1
-                    self.report.bind_errors.append(answer["error"])
+                    self.report.bind_errors.append(answer["Error"])
                     self._queue.append(pod)
                 return
             self._start(pod, node)
@@ -420,11 +420,11 @@ class _Items(msgspec.Struct):
 class _FilterResult(msgspec.Struct):
     """What the scheduler reads of ExtenderFilterResult here: the kept nodes' names."""
 
-    nodes: _Items = msgspec.field(default_factory=_Items)
-    error: str = ""
+    nodes: _Items = msgspec.field(default_factory=_Items, name="Nodes")
+    error: str = msgspec.field(default="", name="Error")
 
 
-class _HostPriority(msgspec.Struct):
+class _HostPriority(msgspec.Struct, rename="pascal"):
     host: str
     score: int
 
@@ -444,7 +444,8 @@ def _decode_filtered(body: bytes) -> _FilterResult:
 
 def _envelope(pod_json: bytes, nodes_json: Iterable[bytes]) -> bytes:
     """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: false."""
-    return b'{"pod":' + pod_json + b',"nodes":{"items":[' + b",".join(nodes_json) + b"]}}"
+    return (b'{"Pod":' + pod_json + b',"Nodes":{"metadata":{},"items":['
+            + b",".join(nodes_json) + b']},"NodeNames":null}')
 
 
 def _wanted(container: str, assignment: Assignment) -> list[str] | None:
