@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from extender.errors import ExtenderError
 from extender.kube import Kube, KubeError
+from extender.metrics import Metrics
 from extender.policy import Demand, DemandError, Unfit, node_gpus, place, pod_demand
 from extender.wire import BindingArgs
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LEDGER_ANNOTATION
@@ -39,6 +40,7 @@ class Binder:
     def __init__(self, kube: Kube, core_keys: tuple[str, ...], strategy: str, max_age: float,
                  clock: Callable[[], float] = time.time) -> None:
         self._kube = kube
+        self.metrics = Metrics()  # the extender's, shared with the verbs' server
         self._core_keys = core_keys
         self._strategy = strategy
         self._max_age = max_age
@@ -94,6 +96,7 @@ class Binder:
             ledger[uid] = Entry(who, int(self._clock()), assignment)
             if await self._write_ledger(path, metadata.get("resourceVersion"), ledger):
                 return assignment
+            self.metrics.conflict("ledger")
         raise BindError(f"node {node}: its GPU ledger changed {ATTEMPTS} times while binding; "
                         "the scheduler will try again")
 
@@ -163,6 +166,7 @@ class Binder:
             if bound_to:
                 raise BindError(f"{who} is bound to {bound_to} already")
             metadata["resourceVersion"] = (pod.get("metadata") or {}).get("resourceVersion")
+            self.metrics.conflict("binding")
         raise BindError(f"pod {args.pod_namespace}/{args.pod_name} kept changing while it was "
                         "bound; the scheduler will try again")
 

@@ -193,15 +193,27 @@ class NodeGpus:
         return max((g.free_memory for g in self.gpus if g.free_cores > 0), default=0)
 
 
+# Why a node can take no vcuda pod at all (an Unfit that is final): the causes metrics count.
+NO_INVENTORY, UNREADABLE_INVENTORY, STALE_INVENTORY = ("no_inventory", "unreadable_inventory",
+                                                       "stale_inventory")
+NODE_CAUSES = (NO_INVENTORY, UNREADABLE_INVENTORY, STALE_INVENTORY)
+
+
 class Unfit(ExtenderError):
     """The node cannot hold the pod; ``reason`` is what the pod's events show.
 
-    ``final``: no change of other pods would help (no or stale inventory).
+    ``cause``: one of NODE_CAUSES when no change of other pods would help (the node's inventory
+    is missing, unreadable or stale), else empty.
     """
 
-    def __init__(self, reason: str, final: bool = False) -> None:
+    def __init__(self, reason: str, cause: str = "") -> None:
         super().__init__(reason)
-        self.reason, self.final = reason, final
+        self.reason, self.cause = reason, cause
+
+    @property
+    def final(self) -> bool:
+        """Whether no change of other pods would help."""
+        return bool(self.cause)
 
 
 def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_age: float,
@@ -259,7 +271,7 @@ def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,
                              annotations.get(LEDGER_ANNOTATION), demand.cores, demand.memory,
                              demand.whole, strategy)
             if isinstance(answer, Unfit):
-                raise Unfit(answer.reason, answer.final)
+                raise Unfit(answer.reason, answer.cause)
             return answer
     return place(node_gpus(name, annotations, now, max_age, pending, ignore), demand, strategy)
 
@@ -282,15 +294,16 @@ def _read(annotations: Mapping[str, str] | None, now: float, max_age: float
     raw = annotations.get(INVENTORY_ANNOTATION)
     if raw is None:
         raise Unfit("no vcuda GPU inventory: the vcuda node agent does not run on this node",
-                    final=True)
+                    NO_INVENTORY)
     try:
         inventory, totals, counted = _parsed(raw, annotations.get(LEDGER_ANNOTATION))
     except PlacementError as exc:
-        raise Unfit(f"{exc}: check the vcuda node agent of this node", final=True) from None
+        raise Unfit(f"{exc}: check the vcuda node agent of this node",
+                    UNREADABLE_INVENTORY) from None
     age = now - inventory.heartbeat
     if age > max_age:
         raise Unfit(f"the vcuda node agent last published this node's GPUs {age:.0f} s ago "
-                    f"(limit {max_age:.0f} s): check its vcuda-node pod", final=True)
+                    f"(limit {max_age:.0f} s): check its vcuda-node pod", STALE_INVENTORY)
     return inventory, totals, counted
 
 

@@ -8,12 +8,14 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from time import perf_counter
 from typing import Any
 
 from aiohttp import web
 
 from extender.bind import Binder
 from extender.kube import Credentials, Kube, KubeError
+from extender.metrics import CONTENT_TYPE
 from extender.policy import STRATEGIES
 from extender.service import Extender, Outcome
 from extender.wire import BadArguments
@@ -34,13 +36,15 @@ class ExtenderServer:
     def __init__(self, extender: Extender, log: Any,
                  certificates: CertificateReloader | None = None) -> None:
         self._extender = extender
+        self._metrics = extender.metrics
         self._log = log
         # Two bodies of the largest size at once: the scheduler sends one at a time.
         self._serving = Serving(self._dispatch, MAX_BODY, certificates,
                                 guards=Guards(max_buffered=4 * MAX_BODY), log=log)
         self._routes = {("POST", "/filter"): self._filter, ("POST", "/prioritize"):
                         self._prioritize, ("POST", "/bind"): self._bind,
-                        ("GET", "/healthz"): self._ok, ("GET", "/readyz"): self._ok}
+                        ("GET", "/healthz"): self._ok, ("GET", "/readyz"): self._ok,
+                        ("GET", "/metrics"): self._metrics_text}
 
     async def start(self, host: str | None, port: int) -> int:
         """Listen on ``host`` (None: all addresses) and ``port`` (0: any); return the port."""
@@ -57,29 +61,36 @@ class ExtenderServer:
         if any(path == request.path for _, path in self._routes):
             return web.Response(status=405, text=f"{request.path}: wrong method\n")
         return web.Response(status=404, text="not found: this server answers POST /filter, "
-                                             "/prioritize, /bind and GET /healthz\n")
+                                             "/prioritize, /bind and GET /healthz, /readyz "
+                                             "and /metrics\n")
 
     async def _filter(self, request: web.BaseRequest) -> web.Response:
-        return await self._answer(request, self._extender.filter)
+        return await self._answer(request, "filter", self._extender.filter)
 
     async def _prioritize(self, request: web.BaseRequest) -> web.Response:
-        return await self._answer(request, self._extender.prioritize)
+        return await self._answer(request, "prioritize", self._extender.prioritize)
 
     async def _bind(self, request: web.BaseRequest) -> web.Response:
-        return await self._answer(request, self._extender.bind)
+        return await self._answer(request, "bind", self._extender.bind)
 
-    async def _answer(self, request: web.BaseRequest, verb: Any) -> web.Response:
+    async def _answer(self, request: web.BaseRequest, name: str, verb: Any) -> web.Response:
+        started = perf_counter()
         try:
             body = await self._serving.read_body(request)
             outcome = verb(body)
             if asyncio.iscoroutine(outcome):
                 outcome = await outcome
         except BodyRefused as exc:
+            self._metrics.observe(name, "bad_request", perf_counter() - started)
             return self._refuse(request, exc.message, exc.status)
         except BadArguments as exc:
+            self._metrics.observe(name, "bad_request", perf_counter() - started)
             return self._refuse(request, str(exc))
         self._log_outcome(outcome)
-        return web.Response(body=outcome.body, content_type="application/json")
+        answer = web.Response(body=outcome.body, content_type="application/json")
+        self._metrics.observe(name, "refused" if outcome.event == "bind_failed" else "ok",
+                              perf_counter() - started)
+        return answer
 
     def _refuse(self, request: web.BaseRequest, message: str, status: int = 400) -> web.Response:
         self._log.warning("bad_request", path=request.path, reason=message)
@@ -94,6 +105,9 @@ class ExtenderServer:
     async def _ok(self, _: web.BaseRequest) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def _metrics_text(self, _: web.BaseRequest) -> web.Response:
+        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -102,7 +116,8 @@ def _parser() -> argparse.ArgumentParser:
                     "hold a pod's share (and enough GPUs are unused for its whole GPUs), scores "
                     "them, and at bind records the chosen GPUs in the node's GPU ledger and on "
                     "the pod. Serves POST /filter, /prioritize, /bind (extender API v1, "
-                    "nodeCacheCapable: false) and GET /healthz. Logs JSON lines on stdout.")
+                    "nodeCacheCapable: false) and GET /healthz, /readyz and /metrics "
+                    "(Prometheus). Logs JSON lines on stdout.")
     parser.add_argument("--host", default=None, help="address to listen on (default: all)")
     parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,
                         help=f"port to listen on (default: {DEFAULT_PORT})")

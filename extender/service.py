@@ -55,6 +55,7 @@ class Extender:
     def __init__(self, binder: Binder, core_keys: tuple[str, ...], strategy: str,
                  max_age: float, clock: Callable[[], float] = time.time) -> None:
         self._binder = binder
+        self.metrics = binder.metrics
         self._core_keys = core_keys
         self._strategy = strategy
         self._max_age = max_age
@@ -80,7 +81,11 @@ class Extender:
             try:
                 self._place(args, name, node.metadata.annotations, demand)
             except Unfit as exc:
-                (unresolvable if exc.final else failed)[name] = exc.reason
+                if exc.cause:
+                    unresolvable[name] = exc.reason
+                    self.metrics.left_out(exc.cause)
+                else:
+                    failed[name] = exc.reason
             else:
                 kept.append(raw)
         return self._filtered(args, kept, failed, unresolvable)

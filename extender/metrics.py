@@ -1,0 +1,88 @@
+"""Prometheus metrics of the extender: calls by verb and outcome, their latency, bind conflicts
+redone, and nodes left out because their vcuda inventory is missing, unreadable or stale."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from extender.policy import NODE_CAUSES
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+VERBS = ("filter", "prioritize", "bind")
+# ok: answered; refused: a bind that could not be done (the scheduler retries the pod);
+# bad_request: a 400 (malformed arguments, a body too large).
+OUTCOMES = ("ok", "refused", "bad_request")
+WRITES = ("ledger", "binding")  # the conditional writes of bind that can meet a conflict
+_LATENCY_BOUNDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0)
+
+
+class Metrics:
+    """Plain numbers, turned into metric families at scrape (one event loop counts: no locks)."""
+
+    def __init__(self) -> None:
+        self._calls = {(verb, outcome): 0 for verb in VERBS for outcome in OUTCOMES}
+        self._buckets = {verb: [0] * (len(_LATENCY_BOUNDS) + 1) for verb in VERBS}  # last: +Inf
+        self._seconds = dict.fromkeys(VERBS, 0.0)
+        self._conflicts = dict.fromkeys(WRITES, 0)
+        self._left_out = dict.fromkeys(NODE_CAUSES, 0)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(self)
+
+    def observe(self, verb: str, outcome: str, seconds: float) -> None:
+        """Count one call of ``verb`` (VERBS) with ``outcome`` (OUTCOMES) that took ``seconds``."""
+        self._calls[verb, outcome] += 1
+        self._buckets[verb][bisect_left(_LATENCY_BOUNDS, seconds)] += 1
+        self._seconds[verb] += seconds
+
+    def conflict(self, write: str) -> None:
+        """A conditional ``write`` (WRITES) found its object moved on and is redone."""
+        self._conflicts[write] += 1
+
+    def left_out(self, cause: str) -> None:
+        """Filter left a node out for ``cause`` (NODE_CAUSES)."""
+        self._left_out[cause] += 1
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families, for the registry."""
+        calls = CounterMetricFamily("vcuda_extender_requests",
+                                    "Extender calls answered, by verb and outcome",
+                                    labels=["verb", "outcome"])
+        for (verb, outcome), count in self._calls.items():
+            calls.add_metric([verb, outcome], count)
+        yield calls
+        latency = HistogramMetricFamily("vcuda_extender_request_seconds",
+                                        "Time from request to answer, by verb", labels=["verb"])
+        for verb, counts in self._buckets.items():
+            cumulative, buckets = 0, []
+            for bound, count in zip((*map(str, _LATENCY_BOUNDS), "+Inf"), counts):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            latency.add_metric([verb], buckets, self._seconds[verb])
+        yield latency
+        conflicts = CounterMetricFamily(
+            "vcuda_extender_bind_conflicts",
+            "Conditional writes of bind that found the object changed and were redone (ledger: "
+            "the node's GPU ledger; binding: the pod)", labels=["write"])
+        for write, count in self._conflicts.items():
+            conflicts.add_metric([write], count)
+        yield conflicts
+        left_out = CounterMetricFamily(
+            "vcuda_extender_nodes_left_out",
+            "Nodes filter left out whatever the pod, by cause (stale_inventory: the node agent "
+            "stopped publishing)", labels=["cause"])
+        for cause, count in self._left_out.items():
+            left_out.add_metric([cause], count)
+        yield left_out
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
