@@ -1,40 +1,54 @@
 # One image for every vcuda component: the webhook (vcuda-webhook), the
-# certificate tool (vcuda-certs), the node agent and installer (vcuda-node),
-# and libvcuda.so, which the installer copies onto each GPU node.
+# certificate tool (vcuda-certs), the scheduler extender
+# (vcuda-scheduler-extender), the node agent and installer (vcuda-node), and
+# libvcuda.so, which the installer copies onto each GPU node.
 #
-#   docker build -t REGISTRY/vcuda:0.1.0 .
+#   docker build -t REGISTRY/vcuda:0.1.0 .      # or podman / buildah
 #
-# CI has no container engine, so this file is not built there; it is kept
-# deliberately plain: a build stage for the C shim, one for the Python wheel,
-# and a slim runtime stage that runs as an unprivileged user.
+# Debian 12's python3 in a virtual environment (/opt/vcuda), on
+# debian:bookworm-slim. BASE may name another Debian 12 root: tests/image
+# builds this file with podman on one that mmdebstrap assembles from Debian's
+# packages, so CI needs no registry, and checks the image it gives.
 
-FROM python:3.11-slim-bookworm AS shim
+ARG BASE=docker.io/library/debian:bookworm-slim
+
+FROM ${BASE} AS python
 RUN apt-get update \
- && apt-get install -y --no-install-recommends gcc libc6-dev make \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        ca-certificates python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/vcuda
+
+FROM python AS shim
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends make \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY cshim/ cshim/
-# zig cc (the ziglang wheel) builds it against glibc 2.17: it loads in old images.
-# cuda.h (a header only: the library links no CUDA) comes from NVIDIA's wheel.
-RUN pip install --no-cache-dir 'ziglang>=0.13' 'nvidia-cuda-runtime-cu12>=12.5' \
- && make -C cshim PYTHON=python3 \
- && install -D -m 0644 "$(find cshim -name libvcuda.so -print -quit)" /out/libvcuda.so
+# zig cc (the ziglang wheel) builds it against glibc 2.17, so it loads in old
+# images, and needs no C compiler of Debian's. cuda.h (a header only: the
+# library links no CUDA) comes from NVIDIA's wheel.
+RUN /opt/vcuda/bin/pip install --no-cache-dir 'ziglang>=0.13' 'nvidia-cuda-runtime-cu12>=12.5' \
+ && make -C cshim PYTHON=/opt/vcuda/bin/python \
+ && install -D -m 0644 cshim/build/libvcuda.so /out/libvcuda.so
 
-FROM python:3.11-slim-bookworm AS wheel
+FROM python AS wheel
 WORKDIR /src
 COPY pyproject.toml setup.cfg README.md ./
 COPY webhook/ webhook/
 COPY runtime_hook/ runtime_hook/
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+COPY extender/ extender/
+RUN /opt/vcuda/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-FROM python:3.11-slim-bookworm
+FROM python
 COPY --from=wheel /wheels/ /tmp/wheels/
-RUN pip install --no-cache-dir /tmp/wheels/*.whl && rm -rf /tmp/wheels
+RUN /opt/vcuda/bin/pip install --no-cache-dir /tmp/wheels/*.whl && rm -rf /tmp/wheels
 # Where the node installer finds the library (the same path it uses on the host).
 COPY --from=shim /out/libvcuda.so /usr/local/vcuda/lib/libvcuda.so
 # The runtime configuration that vcuda-node install renders onto each node.
 COPY manifests/node/ /usr/local/share/vcuda/node/
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+ENV PATH=/opt/vcuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 65532:65532
 ENTRYPOINT []
 CMD ["vcuda-webhook", "--help"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from runtime_hook.node.dra.slices import DRIVER, device_name
 from tests.busybox_root import make_busybox_root
 from tests.dra.conftest import GPU0, GPU1, LIBRARY, DraNode, unmount_below
 from tests.nvidia_cdi import write_nvidia_stand_in
+from tests.podman import LIMITS, PODMAN, require_podman
 
 # Debian's golang-github-container-orchestrated-devices-container-device-interface-dev
 # (scripts/setup installs it) ships the specification's schema.
@@ -73,8 +73,7 @@ def test_a_library_of_another_name_is_refused_since_its_directory_is_mounted() -
 # --- podman ------------------------------------------------------------------------------------
 
 def _podman_image(scratch: Path) -> str:
-    if os.geteuid() != 0 or not shutil.which("podman") or not shutil.which("unshare"):
-        pytest.skip("podman (scripts/setup installs it), unshare and root are needed")
+    require_podman("to apply CDI specs")
     if subprocess.run(["podman", "image", "exists", IMAGE]).returncode != 0:
         root = make_busybox_root(scratch / "rootfs", ("sh", "cat", "ls", "echo"))
         with tarfile.open(scratch / "rootfs.tar", "w") as tar:
@@ -108,9 +107,8 @@ def test_podman_applies_the_cdi_devices_prepare_returned_to_a_busybox_container(
     devices = [arg for cdi_id in device.cdi_device_ids for arg in ("--device", cdi_id)]
     # A private mount namespace in which the runtime's transient CDI directory is the
     # driver's; runc and cgroupfs, no network, and limits this machine's root may set.
-    command = ["podman", "run", "--rm", "--network", "none", "--runtime", "runc",
-               "--cgroup-manager", "cgroupfs", "--ulimit", "nofile=1024:1024",
-               "--ulimit", "nproc=1024:1024", *devices, image, "sh", "-c", _SCRIPT]
+    command = [*PODMAN, "run", "--rm", "--network", "none", *LIMITS, *devices, image,
+               "sh", "-c", _SCRIPT]
     os.makedirs(cdi_files.DEFAULT_DIR, exist_ok=True)
     shell = f'mount --bind "$0" {cdi_files.DEFAULT_DIR} && exec "$@"'
     run = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", shell,

@@ -1,0 +1,1 @@
+"""The container image: the Dockerfile built and checked."""

@@ -1,0 +1,125 @@
+"""The Dockerfile, built with podman on a Debian 12 root that mmdebstrap assembles from Debian's
+packages (no registry is reached), and each component of the image it gives checked inside it.
+
+A build that fails fails every test here. The build runs its stages as written
+(apt-get, pip from PyPI, make); it only trusts what this machine trusts
+(a proxy's CA, where there is one), mounted for the build and not kept.
+"""
+
+from __future__ import annotations
+
+import configparser
+import hashlib
+import os
+import shutil
+import ssl
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.podman import LIMITS, PODMAN, require_podman
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = "localhost/vcuda-test-debian:bookworm"  # debian:bookworm-slim's equivalent
+_BUILD_CA = "/run/vcuda-build/ca.crt"
+
+
+def _console_scripts() -> list[str]:
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    lines = setup["options.entry_points"]["console_scripts"].strip().splitlines()
+    return [line.split("=")[0].strip() for line in lines]
+
+
+def _base_image(scratch: Path) -> str:
+    """Debian 12 minbase from Debian's packages, imported once as BASE."""
+    if subprocess.run(["podman", "image", "exists", BASE]).returncode == 0:
+        return BASE
+    assert shutil.which("mmdebstrap"), "mmdebstrap is missing: run scripts/setup"
+    tar = scratch / "bookworm.tar"
+    subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--format=tar", "bookworm",
+                    str(tar)], check=True, timeout=600)
+    subprocess.run(["podman", "import", "-q", str(tar), BASE], check=True, capture_output=True,
+                   timeout=300)
+    return BASE
+
+
+def _trust_mounts(scratch: Path) -> list[str]:
+    """Build-time mounts that make pip trust the CAs this machine trusts."""
+    paths = ssl.get_default_verify_paths()
+    bundle = os.path.realpath(paths.cafile or paths.openssl_cafile)
+    pip_conf = scratch / "pip.conf"
+    pip_conf.write_text(f"[global]\ncert = {_BUILD_CA}\n")
+    return ["--volume", f"{bundle}:{_BUILD_CA}:ro", "--volume", f"{pip_conf}:/etc/pip.conf:ro"]
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require_podman("to build the image")
+    scratch = tmp_path_factory.mktemp("image")
+    tag = f"localhost/vcuda-image-test:{uuid.uuid4().hex[:12]}"
+    build = subprocess.run(
+        [*PODMAN, "build", "--pull=never", "--network=host", *LIMITS, *_trust_mounts(scratch),
+         "--build-arg", f"BASE={_base_image(scratch)}", "--tag", tag, "--file",
+         str(ROOT / "Dockerfile"), str(ROOT)],
+        capture_output=True, text=True, timeout=1500)
+    assert build.returncode == 0, f"the image build failed:\n{build.stdout[-4000:]}" \
+                                  f"\n{build.stderr[-4000:]}"
+    yield tag
+    subprocess.run(["podman", "rmi", "--force", tag], capture_output=True, timeout=120)
+
+
+def _run(image: str, *command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*PODMAN, "run", "--rm", "--network", "none", *LIMITS, image,
+                           *command], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("script", _console_scripts())
+def test_every_console_script_of_the_image_starts(image: str, script: str) -> None:
+    result = _run(image, script, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: {script}")
+
+
+def test_libvcuda_is_where_the_installer_takes_it_and_loads(image: str) -> None:
+    load = ("import ctypes; lib = ctypes.CDLL('/usr/local/vcuda/lib/libvcuda.so'); "
+            "print(bool(lib.cuMemAlloc_v2), bool(lib.nvmlDeviceGetMemoryInfo))")
+    result = _run(image, "python3", "-c", load)
+    assert (result.returncode, result.stdout) == (0, "True True\n"), result.stderr
+
+
+def test_the_image_holds_this_checkouts_node_runtime_configuration(image: str) -> None:
+    result = _run(image, "sh", "-c", "cd /usr/local/share/vcuda/node && sha256sum *")
+    assert result.returncode == 0, result.stderr
+    inside = dict(reversed(line.split()) for line in result.stdout.splitlines())
+    here = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in (ROOT / "manifests" / "node").iterdir()}
+    assert inside == here
+
+
+def test_the_image_runs_as_an_unprivileged_user_by_default(image: str) -> None:
+    assert _run(image, "id", "-u").stdout == "65532\n"
+
+
+_SERVE = """
+import json, ssl, subprocess, time, urllib.request
+server = subprocess.Popen(["vcuda-webhook", "--self-signed", "--port", "8443"],
+                          stdout=subprocess.PIPE, text=True)
+ca = json.loads(server.stdout.readline())["ca_file"]
+context = ssl.create_default_context(cafile=ca)
+for _ in range(100):
+    try:
+        print(urllib.request.urlopen("https://localhost:8443/healthz", context=context).read())
+        break
+    except OSError:
+        time.sleep(0.1)
+server.terminate()
+"""
+
+
+def test_the_webhook_of_the_image_serves_over_tls(image: str) -> None:
+    result = _run(image, "python3", "-c", _SERVE)
+    assert (result.returncode, result.stdout) == (0, "b'ok\\n'\n"), result.stderr
