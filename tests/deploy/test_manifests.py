@@ -340,6 +340,56 @@ def test_node_agent_may_only_read_and_annotate_nodes_patch_their_status_and_read
         ("nodes", ("get", "patch")), ("nodes/status", ("patch",)), ("pods", ("get", "list"))]
 
 
+# --- priority: GKE admits system-* priority classes outside kube-system only under a quota -----
+
+def _pod_templates() -> list[tuple[dict[str, Any], int]]:
+    """Each pod template of the manifests, with how many pods it makes (a DaemonSet: one a node,
+    counted for 5,000 nodes, the most a Kubernetes cluster is tested with)."""
+    found = []
+    for obj in all_objects():
+        spec = obj.get("spec") or {}
+        template = spec.get("template") or spec.get("jobTemplate", {}).get("spec", {}).get(
+            "template")
+        if template:
+            found.append((template, 5000 if obj["kind"] == "DaemonSet" else
+                          spec.get("replicas", 1)))
+    return found
+
+
+def _quota_covers(quota: dict[str, Any], pod_spec: dict[str, Any]) -> bool:
+    """The API server's scope match of a quota's PriorityClass expressions against a pod."""
+    priority = pod_spec.get("priorityClassName")
+    for expression in quota["spec"]["scopeSelector"]["matchExpressions"]:
+        assert expression["scopeName"] == "PriorityClass"
+        operator, values = expression["operator"], expression.get("values", [])
+        if not {"In": priority in values, "NotIn": priority not in values,
+                "Exists": priority is not None,
+                "DoesNotExist": priority is None}[operator]:
+            return False
+    return True
+
+
+def test_every_pod_of_a_system_priority_class_is_covered_by_a_quota_with_room_for_it() -> None:
+    quotas = [o for o in all_objects() if o["kind"] == "ResourceQuota"]
+    critical = [(t, n) for t, n in _pod_templates()
+                if t["spec"].get("priorityClassName", "").startswith("system-")]
+    assert {t["spec"]["priorityClassName"] for t, _ in critical} == {
+        "system-node-critical", "system-cluster-critical"}
+    for template, _ in critical:
+        assert any(_quota_covers(q, template["spec"]) for q in quotas), template["metadata"]
+    [quota] = quotas
+    assert quota["metadata"]["namespace"] == NAMESPACE
+    assert int(quota["spec"]["hard"]["pods"]) >= sum(n for _, n in critical)
+    assert set(quota["spec"]["hard"]) == {"pods"}  # a cap on nothing else
+
+
+def test_the_quota_leaves_pods_of_other_priorities_alone() -> None:
+    [quota] = [o for o in all_objects() if o["kind"] == "ResourceQuota"]
+    webhook = _webhook_pod()["spec"]
+    assert "priorityClassName" not in webhook and not _quota_covers(quota, webhook)
+    assert not _quota_covers(quota, {"priorityClassName": "high-priority"})
+
+
 # --- node side: RuntimeClass, DaemonSet, device plugin -----------------------------------------
 
 def test_runtime_class_vcuda_schedules_on_the_nodes_the_daemonset_covers() -> None:
