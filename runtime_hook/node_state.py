@@ -41,13 +41,15 @@ class StateError(NodeError, RuntimeError):
     fix = "check the hook's --state-dir on this node"
 
 
-def process_start_time(pid: int) -> int | None:
+def process_start_time(pid: int, proc: str = "/proc") -> int | None:
     """Return the start time (clock ticks since boot) of ``pid``, or None when it has exited.
 
     A zombie has exited too: a killed container whose parent has not reaped it yet.
+    ``proc``: the procfs that numbers processes as ``pid`` does (the host's, under the
+    node agent's host root).
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as src:
+        with open(f"{proc}/{pid}/stat", "rb") as src:
             stat = src.read()
     except OSError:
         return None

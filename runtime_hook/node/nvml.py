@@ -53,7 +53,8 @@ class Nvml:
 
     def __init__(self, lib: Any = None, host_root: str | None = None) -> None:
         """``host_root``: where the node's root is mounted; NVML is loaded from there when the
-        container has none (nvidia is not the runtime that started it)."""
+        container has none (nvidia is not the runtime that started it), which works where
+        the container may open the GPUs' device files anyway (privileged)."""
         self._lib = lib
         self._host_root = host_root
         self._lock = threading.Lock()
@@ -177,12 +178,14 @@ class Nvml:
             self._lib = pynvml
         lib = self._lib
         if not self._started:
+            from_host = False
             try:
                 try:
                     lib.nvmlInit()
                 except lib.NVMLError_LibraryNotFound:
                     if not self._host_root or not _load_from_host(self._host_root):
                         raise
+                    from_host = True
                     lib.nvmlInit()  # pynvml's dlopen by soname now finds the node's library
             except lib.NVMLError_LibraryNotFound as exc:
                 if not self._host_root:
@@ -191,6 +194,11 @@ class Nvml:
                     f"NVML cannot start: {NVML_LIBRARY} is neither in this container nor in the "
                     f"node's {', '.join(HOST_LIBRARY_DIRS)}: install the NVIDIA driver") from None
             except lib.NVMLError as exc:
+                if from_host:  # no NVIDIA runtime gave this container the GPUs
+                    raise NvmlError(
+                        f"NVML cannot start: {exc}: this container did not get the GPUs from "
+                        "NVIDIA's runtime; run it under that runtime (the node's default "
+                        "runtime, or runtimeClassName: nvidia), or privileged") from None
                 raise NvmlError(f"NVML cannot start: {exc}") from None
             self._started = True
         return lib

@@ -16,6 +16,7 @@ rest of the picture stands.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -82,9 +83,10 @@ class Observer:
             gpus, utilization, held = [], None, None
         found = workloads.containers(self._host_root, self._state_dir, problems)
         found += workloads.commands(self._host_root, self._run_dirs, problems)
-        namespaces = {w: processes.pid_namespace(w.pid) for w in found}
-        by_namespace = processes.index(ns for ns in namespaces.values() if ns is not None)
-        host_namespace = processes.pid_namespace(1)
+        proc = os.path.join(self._host_root, "proc")  # the host's: NVML gives host pids
+        namespaces = {w: processes.pid_namespace(w.pid, proc) for w in found}
+        by_namespace = processes.index((ns for ns in namespaces.values() if ns is not None), proc)
+        host_namespace = processes.pid_namespace(1, proc)
         usages = []
         for workload in found:
             namespace = namespaces[workload]

@@ -59,7 +59,7 @@ def containers(host_root: str, state_dir: str, problems: Problems) -> list[Workl
     found = []
     for entry in ledger.entries(state):
         names.discard(entry.container_id)
-        if process_start_time(entry.pid) != entry.start_time:
+        if process_start_time(entry.pid, _on_host(host_root, "/proc")) != entry.start_time:
             continue  # ended; its poststop (or the next prestart) releases the record
         record = state.container_dir(entry.container_id)
         found.append(
@@ -110,7 +110,7 @@ def _command(host_root: str, path: str) -> Workload | None:
     if owner is None:
         return None  # being created, or swept
     pid, start_time = (int(word) for word in owner.split())
-    if process_start_time(pid) != start_time:
+    if process_start_time(pid, _on_host(host_root, "/proc")) != start_time:
         return None  # ended; the next vcuda-run sweeps the directory
     text = _read_small(os.path.join(path, RUN_LIMITS_FILE))
     if text is None:

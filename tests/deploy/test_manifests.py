@@ -39,6 +39,9 @@ from tests.deploy.manifests import (
 from webhook.config import Config, load_config
 
 NAMESPACE = "vcuda-system"
+# NVIDIA's runtime gives a container the GPUs named by mounts of /dev/null under this
+# directory (accept-nvidia-visible-devices-as-volume-mounts).
+NVIDIA_ALL_GPUS = "/var/run/nvidia-container-devices/all"
 
 
 def _ids(path: Any) -> str:
@@ -425,12 +428,41 @@ def test_the_node_pods_see_the_host_read_only_and_write_only_where_install_and_t
     assert _host_mounts(install) == {"/host": ("/", False), "/host/etc": ("/etc", True),
                                      "/host/usr/local/vcuda": (DEFAULT_PREFIX, True)}
     assert _host_mounts(agent) == {"/host": ("/", False),
-                                   "/host/run/vcuda": (DEFAULT_STATE_DIR, True)}
+                                   "/host/run/vcuda": (DEFAULT_STATE_DIR, True),
+                                   NVIDIA_ALL_GPUS: ("/dev/null", False)}
     for node_path in (BASE_SPEC, CONTAINERD_CONFIG, CONTAINERD_DROP_IN, CRIO_CONF,
                       CRIO_HOOKS_DIR, f"{DEFAULT_PREFIX}/lib/libvcuda.so"):
         assert node_path.startswith(("/etc/", DEFAULT_PREFIX + "/")), node_path
     for container in (install, agent):  # install makes no mounts; the agent none outside DRA
         assert all(m.get("mountPropagation") != "Bidirectional" for m in container["volumeMounts"])
+
+
+def test_the_agent_sees_what_the_hook_mounts_on_the_host_after_it_started() -> None:
+    """Each limited container's account is a tmpfs the hook mounts in the state dir."""
+    [agent] = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]["containers"]
+    propagation = {m["mountPath"]: m.get("mountPropagation") for m in agent["volumeMounts"]}
+    assert propagation["/host"] == propagation["/host/run/vcuda"] == "HostToContainer"
+
+
+def test_the_agent_runs_unprivileged_in_its_own_pid_namespace_with_two_capabilities() -> None:
+    spec = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]
+    [agent] = spec["containers"]
+    assert "hostPID" not in spec  # it reads the host's processes under /host/proc
+    context = agent["securityContext"]
+    assert "privileged" not in context and context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_the_agent_asks_nvidias_runtime_for_every_gpu_by_mount_and_by_variable() -> None:
+    """A runtime that reads device lists from mounts ignores the variable of an unprivileged
+    container; one that reads only the variable takes it."""
+    [agent] = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"  # NVML, no compute
+    assert _host_mounts(agent)[NVIDIA_ALL_GPUS] == ("/dev/null", False)
 
 
 def test_device_plugin_config_advertises_shared_replicas_as_the_shared_resource() -> None:

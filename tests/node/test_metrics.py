@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from tests.node.workloads_on_host import (
     make_vcuda_run_dir,
     start_pid_namespace,
 )
+from tests.shim.harness import REPO
 
 MIB = 1 << 20
 GPU0, GPU1 = "GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"
@@ -263,3 +265,48 @@ def test_a_rewritten_account_does_not_hide_memory_from_the_driver_figures(
     assert forged["vcuda_container_memory_used_bytes"] == {worker: 0}
     assert forged["vcuda_container_memory_driver_bytes"] == {worker: 2 * GIB + 88 * MIB}
     assert forged["vcuda_container_unaccounted_processes"] == {worker: 2}
+
+
+_OBSERVE = """
+import json, logging, sys
+from runtime_hook.node.logs import Problems
+from runtime_hook.node.nvml import Nvml
+from runtime_hook.node.observe import Observer
+from tests.node.fake_pynvml import FakeDevice, FakeNvml
+host_root, uuid = sys.argv[1:3]
+busy, held = json.loads(sys.argv[3]), json.loads(sys.argv[4])
+device = FakeDevice(uuid, busy={int(p): b for p, b in busy.items()},
+                    held={int(p): b for p, b in held.items()})
+observer = Observer(Nvml(FakeNvml([device])), Problems(logging.getLogger("t"), "t"), host_root,
+                    "/run/vcuda")
+print(json.dumps([[u.workload.container, u.memory_used, u.core_used, u.processes,
+                   u.memory_driver] for u in observer.snapshot().usages]))
+"""
+
+
+def test_an_agent_in_a_pid_namespace_of_its_own_maps_processes_through_the_hosts_proc(
+    container: PidNamespace, tmp_path: Path
+) -> None:
+    """The DaemonSet runs the agent without hostPID: its own /proc shows none of the node's
+    processes, the node's root (--host-root) holds the host's /proc, numbered as NVML does."""
+    if os.geteuid() != 0:
+        pytest.skip("pid and mount namespaces need root")
+    host = tmp_path / "host"
+    (host / "proc").mkdir(parents=True)
+    state = host / "run" / "vcuda"
+    account = commit_container(state, "c0ffee", container.init, 4 * GIB, 30, (GPU0,))
+    write_account(account, [GPU0], [(container.ns_pids[1], container.start_time(1), [GIB])])
+    child_1, child_2 = container.host_pids[1:]
+    busy, held = {child_1: 20, child_2: 15}, {child_1: GIB + 300 * MIB}
+    # The host's procfs bound under the host root, then a procfs of the new namespace on /proc.
+    enter = 'mount --bind /proc "$0/proc" && mount -t proc proc /proc && exec "$@"'
+    observed = subprocess.run(
+        ["unshare", "--mount", "--pid", "--fork", "--propagation", "private", "sh", "-c", enter,
+         str(host), sys.executable, "-c", _OBSERVE, str(host), GPU0, json.dumps(busy),
+         json.dumps(held)],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, timeout=60)
+    assert observed.returncode == 0, observed.stderr
+    [[name, used, core, processes, driver]] = json.loads(observed.stdout)
+    assert (name, used, processes, driver) == ("worker", GIB, 1, GIB + 300 * MIB)
+    assert core == pytest.approx(0.2)  # the busy processes of the account

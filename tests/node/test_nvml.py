@@ -139,7 +139,7 @@ except NvmlError as exc:
 """
 
 
-def _probe(host_root: str, gpu_state: Path) -> str:
+def _probe(host_root: str, gpu_state: Path | str) -> str:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
            "VCUDA_FAKE_STATE": str(gpu_state), "VCUDA_FAKE_GPUS": "16384,16384"}
     done = subprocess.run([sys.executable, "-c", _PROBE, host_root], env=env,
@@ -147,14 +147,19 @@ def _probe(host_root: str, gpu_state: Path) -> str:
     return done.stdout.strip()
 
 
-def test_the_agent_loads_the_nodes_nvml_when_its_container_has_none(
-    shim_build: None, tmp_path: Path
-) -> None:
-    # A node whose driver library is a link, as drivers install it, to an absolute path.
+def _node_with_nvml(tmp_path: Path) -> Path:
+    """A node whose driver library is a link, as drivers install it, to an absolute path."""
     host = tmp_path / "host"
     (host / "usr/lib64").mkdir(parents=True)
     shutil.copy(FAKE_NVML, host / "usr/lib64/libnvidia-ml.so.580.1")
     (host / "usr/lib64/libnvidia-ml.so.1").symlink_to("/usr/lib64/libnvidia-ml.so.580.1")
+    return host
+
+
+def test_the_agent_loads_the_nodes_nvml_when_its_container_has_none(
+    shim_build: None, tmp_path: Path
+) -> None:
+    host = _node_with_nvml(tmp_path)
     assert _probe(str(host), tmp_path / "gpu") == "{}"  # NVML answers: no process on GPU 0
 
 
@@ -163,3 +168,14 @@ def test_without_nvml_here_or_on_the_node_the_agent_says_where_it_looked(tmp_pat
     assert message.startswith("NVML cannot start: libnvidia-ml.so.1 is neither in this container "
                               "nor in the node's /usr/lib/x86_64-linux-gnu")
     assert message.endswith(": install the NVIDIA driver")
+
+
+def test_the_nodes_nvml_without_the_gpus_device_files_says_to_run_under_nvidias_runtime(
+    shim_build: None, tmp_path: Path
+) -> None:
+    # The double's state file stands for the GPUs' device files: here it cannot be opened,
+    # as /dev/nvidiactl cannot in a container NVIDIA's runtime did not start.
+    message = _probe(str(_node_with_nvml(tmp_path)), "/proc/no-such-device")
+    assert message == ("NVML cannot start: Uninitialized: this container did not get the GPUs "
+                       "from NVIDIA's runtime; run it under that runtime (the node's default "
+                       "runtime, or runtimeClassName: nvidia), or privileged")
