@@ -95,6 +95,7 @@ def test_the_agent_runs_as_the_dra_driver_and_its_mounts_reach_the_host() -> Non
     [host] = [m for m in agent["volumeMounts"] if m["mountPath"] == "/host"]
     assert host["mountPropagation"] == "Bidirectional"
     assert agent["securityContext"]["privileged"] is True  # Bidirectional requires it
+    assert spec["hostPID"] is True  # the ledger's release of ended containers reads /proc
     [volume] = [v for v in spec["volumes"] if v["name"] == host["name"]]
     assert volume["hostPath"]["path"] == "/"  # kubelet's plugin directories and /var/run/cdi
 
