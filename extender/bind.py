@@ -13,7 +13,6 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 from extender.errors import ExtenderError
-from extender.kube import Kube, KubeError
 from extender.metrics import Metrics
 from extender.policy import Demand, DemandError, Unfit, node_gpus, place, pod_demand
 from extender.wire import BindingArgs
@@ -26,6 +25,7 @@ from runtime_hook.placement import (
     encode_assignment,
     encode_ledger,
 )
+from webhook.kube import Kube, KubeError
 
 ATTEMPTS = 16  # conflicts in a row before giving up (the scheduler then retries the pod)
 

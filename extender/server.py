@@ -14,13 +14,13 @@ from typing import Any
 from aiohttp import web
 
 from extender.bind import Binder
-from extender.kube import Credentials, Kube, KubeError
 from extender.metrics import CONTENT_TYPE
 from extender.policy import STRATEGIES
 from extender.service import Extender, Outcome
 from extender.wire import BadArguments
 from runtime_hook.contract import positive_seconds
 from webhook.config import Config, ConfigError
+from webhook.kube import Credentials, Kube, KubeError
 from webhook.logs import make_logger
 from webhook.serving import BodyRefused, Guards, Serving, tcp_port
 from webhook.tls import CertificateError, CertificateReloader

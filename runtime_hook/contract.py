@@ -30,6 +30,10 @@ at module level.
 - RFC 6901 escaping of resource and annotation names in JSON Patch paths.
 - Log lines (webhook, extender, node agent): one JSON object a line whose
   ``time``, ``level`` and ``event`` :func:`log_line` writes, the same in each.
+- The largest share a node's GPUs give (node agent → webhook): the Node
+  annotation ``vcuda.io/max-gpu-memory``, the bytes of its largest GPU times the
+  agent's memory scaling, in decimal; the webhook reads it of the Nodes labelled
+  ``vcuda.io/enabled=true``.
 - Per-GPU placement (node agent, scheduler extender, device plugin, hook): the
   Node annotations ``vcuda.io/gpus`` (inventory and heartbeat) and
   ``vcuda.io/gpu-ledger``, the Pod annotation ``vcuda.io/assigned-gpus``, and the
@@ -156,6 +160,9 @@ LIMITS_ANNOTATION = f"{ANNOTATION_DOMAIN}/limits"
 INVENTORY_ANNOTATION = f"{ANNOTATION_DOMAIN}/gpus"  # Node: the agent's GPUs and heartbeat
 LEDGER_ANNOTATION = f"{ANNOTATION_DOMAIN}/gpu-ledger"  # Node: what each GPU has given out
 ASSIGNMENT_ANNOTATION = f"{ANNOTATION_DOMAIN}/assigned-gpus"  # Pod: its GPUs, set at bind
+# Node: the most memory one share may have there (bytes of its largest GPU times the scaling).
+MAX_GPU_MEMORY_ANNOTATION = f"{ANNOTATION_DOMAIN}/max-gpu-memory"
+ENABLED_LABEL = f"{ANNOTATION_DOMAIN}/enabled"  # Node: "true" where vcuda's DaemonSet runs
 SHARED_RESOURCE = f"{ANNOTATION_DOMAIN}/shared-gpu"  # vcuda's device plugin: one a share
 WHOLE_RESOURCE = f"{ANNOTATION_DOMAIN}/gpu"  # vcuda's device plugin: one a whole GPU
 

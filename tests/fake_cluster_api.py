@@ -2,9 +2,6 @@
 
 Adds to :class:`~tests.node.fake_nodes_api.FakeNodesApi`:
 
-- ``PATCH /api/v1/nodes/<name>`` with a JSON merge patch (RFC 7386); a
-  ``metadata.resourceVersion`` in the patch makes it conditional (409 when the
-  node has moved on), as the API server does;
 - ``GET``/``DELETE /api/v1/namespaces/<ns>/pods/<name>`` and ``GET /api/v1/pods``
   with ``fieldSelector=spec.nodeName=<node>``;
 - ``POST .../pods/<name>/binding``: the Binding's ``metadata.uid`` and
@@ -25,22 +22,7 @@ from typing import Any
 from tests.fake_kube_api import ApiError, conflict, json_body
 from tests.node.fake_nodes_api import FakeNodesApi
 
-MERGE_PATCH = "application/merge-patch+json"
 _POD = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?")
-_NODE = re.compile(r"/api/v1/nodes/([^/]+)")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: objects merge member by member, null removes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
 
 
 class FakeClusterApi(FakeNodesApi):
@@ -75,10 +57,6 @@ class FakeClusterApi(FakeNodesApi):
         if path == "/api/v1/pods" and method == "GET":
             self.authorize("list", "", "pods", None, None)
             return 200, self._list_pods()
-        node = _NODE.fullmatch(path)
-        if node is not None and method == "PATCH":
-            self.authorize("patch", "", "nodes", None, node.group(1))
-            return 200, self._merge_node(path, node.group(1), content_type, body)
         return super().route(method, path, content_type, body)
 
     def _pod(self, method: str, path: str, namespace: str, name: str, binding: bool,
@@ -122,23 +100,6 @@ class FakeClusterApi(FakeNodesApi):
                 pod["metadata"].setdefault("annotations", {}).update(metadata["annotations"])
             self.objects[path] = self.stamp(pod)
         return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
-
-    def _merge_node(self, path: str, name: str, content_type: str,
-                    body: bytes) -> dict[str, Any]:
-        if content_type.split(";")[0].strip() != MERGE_PATCH:
-            raise ApiError(415, "UnsupportedMediaType",
-                           f"this test server implements {MERGE_PATCH} here (got {content_type})")
-        patch = json_body(body)
-        with self.lock:
-            self.about_to_write(path)  # a concurrent writer lands first, as it may in etcd
-            node = self.read(path, "nodes", name)
-            version = (patch.get("metadata") or {}).get("resourceVersion")
-            if version is not None and version != node["metadata"]["resourceVersion"]:
-                raise conflict("nodes", name)
-            result = merge_patch(node, patch)
-            result["status"] = node.get("status")  # the status subresource is apart
-            self.objects[path] = self.stamp(result)
-            return copy.deepcopy(result)
 
     def _list_pods(self) -> dict[str, Any]:
         selector = (self.local.query.get("fieldSelector") or [""])[0]

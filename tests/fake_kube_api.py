@@ -44,6 +44,8 @@ class Request:
     content_type: str
     status: int
     body: bytes = b""
+    query: str = ""
+    accept: str = ""
 
 
 @dataclass
@@ -120,7 +122,7 @@ class FakeKubeApi:
         self.requests: list[Request] = []
         self.rules: list[Rule] | None = None
         self.before_write: Callable[[str], None] | None = None
-        self.local = threading.local()  # .query: the query string of this thread's request
+        self.local = threading.local()  # .query, .accept: of this thread's request
         self._revision = 0
         self.lock = threading.RLock()  # held to read, check and write; before_write may bump()
         self.ca = pki.make_ca("fake API server CA")
@@ -248,6 +250,7 @@ class _Handler(BaseHTTPRequestHandler):
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
         path, _, query = self.path.partition("?")
         self.api.local.query = parse_qs(query)
+        self.api.local.accept = self.headers.get("Accept", "")
         content_type = self.headers.get("Content-Type", "")
         try:
             status, answer = self.api.handle(self.command, path, content_type, body, token)
@@ -255,7 +258,8 @@ class _Handler(BaseHTTPRequestHandler):
             status, answer = error.code, {
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": error.message, "reason": error.reason, "code": error.code}
-        self.api.requests.append(Request(self.command, path, content_type, status, body))
+        self.api.requests.append(Request(self.command, path, content_type, status, body,
+                                         query, self.api.local.accept))
         payload = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")

@@ -12,7 +12,8 @@ Pure parts, tested by calling them:
 
 Parts with I/O: ``tls`` (the checked, reloaded serving certificate), ``pki``
 (a small ECDSA CA, shared with ``certs``), ``logs`` (structlog JSON lines),
-``metrics`` (Prometheus), ``server`` (the ``vcuda-webhook`` command), and
-``certs`` (the ``vcuda-certs`` command). Nothing is imported here, so a
-caller pays only for the modules it uses.
+``metrics`` (Prometheus), ``kube`` (the API calls, shared with the extender),
+``largest_gpu`` (the cluster's largest GPU, from its Nodes), ``server`` (the
+``vcuda-webhook`` command), and ``certs`` (the ``vcuda-certs`` command).
+Nothing is imported here, so a caller pays only for the modules it uses.
 """

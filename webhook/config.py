@@ -40,6 +40,10 @@ class Config:
         exclusive_resource: device-plugin resource of whole GPUs.
         runtime_class: RuntimeClass set on pods with a shared-mode container.
         max_gpu_memory: bytes of the largest GPU; larger memory requests are denied.
+        max_gpu_memory_from_nodes: whether the server replaces ``max_gpu_memory`` with
+            the largest share vcuda's node agents publish, where it can read the Nodes
+            (``max_gpu_memory`` then stands while none does); a configuration file that
+            sets ``max_gpu_memory`` turns it off.
         deny_direct_shared: deny containers that ask for ``shared_resource``
             themselves, which would give them a shared GPU with no limits.
         scheduler_name: when set, the scheduler of pods that use GPUs
@@ -52,6 +56,7 @@ class Config:
     exclusive_resource: str = "nvidia.com/gpu"
     runtime_class: str = "vcuda"
     max_gpu_memory: int = 80 << 30
+    max_gpu_memory_from_nodes: bool = True
     deny_direct_shared: bool = True
     scheduler_name: str | None = None
 
@@ -122,6 +127,8 @@ def config_from_mapping(values: Any) -> Config:
     settings: dict[str, Any] = {}
     for key, value in values.items():
         settings[key] = _convert(key, value)
+    if "max_gpu_memory" in settings:  # set by the operator: it wins over what nodes publish
+        settings["max_gpu_memory_from_nodes"] = False
     return Config(**settings)
 
 

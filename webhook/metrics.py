@@ -1,4 +1,5 @@
-"""Prometheus metrics of the webhook: reviews by decision, latency, certificate expiry, guards."""
+"""Prometheus metrics of the webhook: reviews by decision, latency, certificate expiry, guards,
+and the bound on vcuda-memory in force."""
 
 from __future__ import annotations
 
@@ -28,12 +29,15 @@ class Metrics:
     """
 
     def __init__(self, certificate_seconds_left: Callable[[], float],
-                 connections_closed: Callable[[], Mapping[str, int]] = dict) -> None:
+                 connections_closed: Callable[[], Mapping[str, int]] = dict,
+                 max_gpu_memory: Callable[[], int] | None = None) -> None:
         """Args:
             certificate_seconds_left: read at each scrape for the expiry gauge.
             connections_closed: read at each scrape: connections the server closed, by reason.
+            max_gpu_memory: read at each scrape: the largest vcuda-memory admitted, in bytes.
         """
         self._connections_closed = connections_closed
+        self._max_gpu_memory = max_gpu_memory
         self._reviews = dict.fromkeys(OUTCOMES, 0)
         self._buckets = [0] * (len(_LATENCY_BOUNDS) + 1)  # the last one is +Inf
         self._seconds = 0.0
@@ -71,6 +75,11 @@ class Metrics:
         yield GaugeMetricFamily("vcuda_webhook_certificate_expiry_seconds",
                                 "Seconds until the serving certificate expires",
                                 value=self._certificate_seconds_left())
+        if self._max_gpu_memory is not None:
+            yield GaugeMetricFamily("vcuda_webhook_max_gpu_memory_bytes",
+                                    "The largest vcuda-memory admitted: the configured "
+                                    "max_gpu_memory, or the largest GPU share Nodes publish",
+                                    value=self._max_gpu_memory())
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

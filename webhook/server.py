@@ -11,15 +11,18 @@ import socket
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 from aiohttp import web
 
-from runtime_hook.contract import positive_seconds
+from runtime_hook.contract import in_cluster, positive_seconds
 from webhook.admission import Answer, admit, refuse
 from webhook.config import Config, ConfigError, load_config
+from webhook.kube import Credentials, Kube, KubeError
+from webhook.largest_gpu import LargestGpu
 from webhook.logs import make_logger
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.pki import write_self_signed
@@ -34,6 +37,7 @@ from webhook.serving import (
 from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8443
+NODES_INTERVAL = 60.0  # seconds between two lists of the Nodes' largest GPU share
 
 
 class _Handlers:
@@ -41,15 +45,22 @@ class _Handlers:
 
     def __init__(self, config: Config, certificates: CertificateReloader, log: Any,
                  reload_interval: float, guards: Guards) -> None:
-        self._config = config
+        self._configured = config
+        self.config = config  # what reviews are judged by: config, bounded by the Nodes
         self._certificates = certificates
         self._log = log
         # The API server's cap on a review, instead of aiohttp's default of 1 MiB.
         self.serving = Serving(self.dispatch, MAX_BODY, certificates, reload_interval, guards,
                                log)
-        self.metrics = Metrics(certificates.seconds_left, lambda: self.serving.closed)
+        self.metrics = Metrics(certificates.seconds_left, lambda: self.serving.closed,
+                               lambda: self.config.max_gpu_memory)
         self._routes = {("POST", "/mutate"): self.mutate, ("GET", "/healthz"): self.healthz,
                         ("GET", "/readyz"): self.readyz, ("GET", "/metrics"): self.metrics_text}
+
+    def use_max_gpu_memory(self, largest: int | None) -> None:
+        """Bound vcuda-memory by ``largest`` bytes from now on (None: the configured bound)."""
+        self.config = self._configured if largest is None else \
+            replace(self._configured, max_gpu_memory=largest)
 
     async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         handler = self._routes.get((request.method, request.path))
@@ -65,7 +76,7 @@ class _Handlers:
     async def mutate(self, request: web.BaseRequest) -> web.Response:
         started = perf_counter()
         try:
-            answer = admit(await self.serving.read_body(request), self._config)
+            answer = admit(await self.serving.read_body(request), self.config)
         except BodyRefused as exc:
             answer = refuse(body_too_large(request.content_length) if exc.status == 413
                             else exc.message, 400 if exc.status == 413 else exc.status)
@@ -111,23 +122,54 @@ class WebhookServer:
     """
 
     def __init__(self, config: Config, certificates: CertificateReloader, log: Any,
-                 reload_interval: float = 1.0, guards: Guards = DEFAULT_GUARDS) -> None:
+                 reload_interval: float = 1.0, guards: Guards = DEFAULT_GUARDS,
+                 api: Credentials | None = None,
+                 nodes_interval: float = NODES_INTERVAL) -> None:
         """Args:
             config: the policy settings.
             certificates: owner of the SSLContext served with.
             log: a structlog logger (see ``webhook.logs.make_logger``).
             reload_interval: seconds between looks at the certificate files.
             guards: what one client may hold of the server (connections, bytes, time).
+            api: where to read the Nodes' largest GPU share, when
+                ``config.max_gpu_memory_from_nodes``; None: nowhere.
+            nodes_interval: seconds between two reads of the Nodes.
         """
         self._handlers = _Handlers(config, certificates, log, reload_interval, guards)
         self._serving = self._handlers.serving
+        self._api = api if config.max_gpu_memory_from_nodes else None
+        self._nodes_interval = nodes_interval
+        self._log = log
+        self._kube: Kube | None = None
+        self._learning: asyncio.Task[None] | None = None
+
+    @property
+    def max_gpu_memory(self) -> int:
+        """The bound on vcuda-memory now, in bytes."""
+        return self._handlers.config.max_gpu_memory
 
     async def start(self, host: str | None, port: int) -> int:
-        """Listen on ``host`` (None: every address) and ``port`` (0: any); return the port."""
+        """Listen on ``host`` (None: every address) and ``port`` (0: any); return the port.
+
+        With ``api``, the Nodes are read once before (so that the first review is
+        bounded by the cluster's largest GPU), then every ``nodes_interval``.
+        """
+        if self._api is not None:
+            self._kube = Kube(self._api, connections=1)
+            largest = LargestGpu(self._kube, self._nodes_interval, self._log,
+                                 self._handlers.use_max_gpu_memory)
+            await largest.refresh()
+            self._learning = asyncio.create_task(largest.run())
         return await self._serving.start(host, port)
 
     async def stop(self) -> None:
         """Stop polling, stop listening, and let requests in progress finish (10 s at most)."""
+        if self._learning is not None:
+            self._learning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._learning
+        if self._kube is not None:
+            await self._kube.close()
         await self._serving.stop()
 
 
@@ -155,6 +197,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, metavar="FILE",
                         help="JSON policy settings (keys in docs/WEBHOOK.md); "
                              "keys left out keep their defaults")
+    parser.add_argument("--kubeconfig", metavar="FILE",
+                        help="credentials to read the Nodes, whose largest GPU bounds "
+                             "vcuda-memory unless --config sets max_gpu_memory (default: the "
+                             "pod's service account in a cluster; elsewhere none)")
+    parser.add_argument("--nodes-interval", type=positive_seconds, default=NODES_INTERVAL,
+                        metavar="SECONDS",
+                        help="how often the Nodes are read (default: %(default)g)")
     parser.add_argument("--reload-interval", type=positive_seconds, default=1.0, metavar="SECONDS",
                         help="how often to look for a new certificate and key (default: 1)")
     guards = DEFAULT_GUARDS
@@ -206,8 +255,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         guards = Guards(max_connections=args.max_connections,
                         max_buffered=args.max_buffered_mib << 20,
                         head_timeout=args.read_timeout, body_timeout=args.read_timeout)
-        webhook = WebhookServer(config, certificates, log, args.reload_interval, guards)
+        try:
+            api = _nodes_api(config, args.kubeconfig, log)
+        except KubeError as exc:
+            parser.error(f"--kubeconfig: {exc.message}")
+        webhook = WebhookServer(config, certificates, log, args.reload_interval, guards, api,
+                                args.nodes_interval)
         return asyncio.run(_serve(webhook, args.host, args.port, config, log))
+
+
+def _nodes_api(config: Config, kubeconfig: str | None, log: Any) -> Credentials | None:
+    """Where to read the Nodes' largest GPU share: ``kubeconfig``, else the pod's service
+    account in a cluster, else nowhere (the configured bound stands). A service account
+    that is not there is logged; a ``kubeconfig`` that does not work raises KubeError."""
+    if not config.max_gpu_memory_from_nodes:
+        return None
+    if kubeconfig is None and not in_cluster(None):
+        return None
+    try:
+        return Credentials.load(kubeconfig)
+    except KubeError as exc:
+        if kubeconfig is not None:
+            raise
+        log.warning("max_gpu_memory_unread", reason=exc.message)
+        return None
 
 
 async def _serve(webhook: WebhookServer, host: str | None, port: int, config: Config,
@@ -229,7 +300,8 @@ async def _serve(webhook: WebhookServer, host: str | None, port: int, config: Co
         await webhook.stop()
         return 1
     log.info("serving", host=host or "all addresses", port=bound,
-             domains=list(config.domains), runtime_class=config.runtime_class)
+             domains=list(config.domains), runtime_class=config.runtime_class,
+             max_gpu_memory=webhook.max_gpu_memory)
     await stop.wait()
     log.info("stopping")
     await webhook.stop()

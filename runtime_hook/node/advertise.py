@@ -6,7 +6,9 @@ GPU's memory times the memory scaling in 256 MiB units, rounded down per GPU (a
 container's memory must fit on one GPU), summed. Each domain gets the full
 amount: pods of one cluster should use one domain. Both ``capacity`` and
 ``allocatable`` are set with a JSON Patch on ``nodes/<name>/status``; the
-kubelet leaves extended resources it does not manage alone.
+kubelet leaves extended resources it does not manage alone. The largest share
+one GPU gives goes on the Node as an annotation, for the webhook's bound on
+``vcuda-memory``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from runtime_hook.contract import (
     CORES_PER_GPU,
+    MAX_GPU_MEMORY_ANNOTATION,
     MEMORY_UNIT,
     Gpu,
     InventoryError,
@@ -67,6 +70,17 @@ def status_patch(node: dict[str, Any], wanted: dict[str, str]) -> list[Operation
                 path = f"/status/{field}/{pointer_token(name)}"
                 operations.append({"op": "add", "path": path, "value": quantity})
     return operations
+
+
+def largest_share_change(node: dict[str, Any], gpus: Iterable[Gpu],
+                         scaling: float) -> dict[str, str | None] | None:
+    """The annotations to merge into ``node`` so that it publishes the most memory one share may
+    have on its GPUs (None removes it where there are none); None when it already does."""
+    largest = max((int(gpu.memory * scaling) for gpu in gpus), default=0)
+    wanted = str(largest) if largest >= MEMORY_UNIT else None
+    present = ((node.get("metadata") or {}).get("annotations") or {}).get(
+        MAX_GPU_MEMORY_ANNOTATION)
+    return None if present == wanted else {MAX_GPU_MEMORY_ANNOTATION: wanted}
 
 
 def update_inventory(path: str, gpus: list[Gpu]) -> bool:

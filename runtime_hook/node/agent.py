@@ -92,15 +92,26 @@ class Advertiser:
             self.problems.report("inventory", self.inventory, f"cannot write: {exc}")
 
     def _advertise(self, status: NodeStatus, gpus: list[Gpu]) -> None:
-        from runtime_hook.node.advertise import AdvertiseError, resources, status_patch
+        from runtime_hook.node.advertise import (
+            AdvertiseError,
+            largest_share_change,
+            resources,
+            status_patch,
+        )
 
         settings = self._settings
         wanted = resources(gpus, settings.domains, settings.memory_scaling)
         try:
-            operations = status_patch(status.read(), wanted)
+            node = status.read()
+            operations = status_patch(node, wanted)
             if operations:
                 status.patch(operations)
                 event(self._log, logging.INFO, "advertised", node=settings.node, resources=wanted)
+            largest = largest_share_change(node, gpus, settings.memory_scaling)
+            if largest is not None:
+                status.annotate(largest)
+                event(self._log, logging.INFO, "largest_share_published", node=settings.node,
+                      annotations=largest)
         except AdvertiseError as exc:
             self.problems.report("advertise", f"node {settings.node}", str(exc))
 

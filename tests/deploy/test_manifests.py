@@ -250,14 +250,13 @@ def test_webhook_reads_its_settings_from_the_config_map_it_mounts(tmp_path: Any)
     (tmp_path / "config.json").write_text(data[path.rsplit("/", 1)[1]])
     config = load_config(tmp_path / "config.json")  # the webhook's own check of the file
     assert config.domains == Config().domains  # the matchConditions name these domains
-    assert config.max_gpu_memory == 80 << 30
+    assert config.max_gpu_memory_from_nodes is True  # the Nodes' largest GPU bounds memory
 
 
 def test_webhook_runs_unprivileged_with_a_read_only_root() -> None:
     spec = _webhook_pod()["spec"]
     [container] = spec["containers"]
     assert spec["securityContext"]["runAsNonRoot"] is True
-    assert spec["automountServiceAccountToken"] is False
     context = container["securityContext"]
     assert context["readOnlyRootFilesystem"] is True
     assert context["allowPrivilegeEscalation"] is False
@@ -335,6 +334,18 @@ def test_no_role_grants_wildcards() -> None:
         for rule in obj.get("rules") or []:
             for field in ("verbs", "resources", "apiGroups"):
                 assert "*" not in rule.get(field, []), f"{obj['metadata']['name']}: {rule}"
+
+
+def test_the_webhook_may_list_nodes_and_nothing_else() -> None:
+    objects = documents(ROOT / "webhook-rbac.yaml")
+    [role] = [o for o in objects if o["kind"] == "ClusterRole"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
+    [binding] = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
+    account = find("ServiceAccount", "vcuda-webhook")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vcuda-webhook",
+                                    "namespace": account["metadata"]["namespace"]}]
+    assert _webhook_pod()["spec"]["serviceAccountName"] == "vcuda-webhook"
+    assert _webhook_pod()["spec"]["automountServiceAccountToken"] is True
 
 
 def test_node_agent_may_only_read_and_annotate_nodes_patch_their_status_and_read_pods() -> None:

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from extender.bind import Binder
-from extender.kube import Credentials, Kube
 from extender.server import ExtenderServer
 from extender.service import Extender
 from runtime_hook.contract import INVENTORY_ANNOTATION, SHARED_RESOURCE, WHOLE_RESOURCE, Gpu
 from runtime_hook.placement import encode_inventory
 from tests.fake_cluster_api import FakeClusterApi
+from webhook.kube import Credentials, Kube
 from webhook.logs import make_logger
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -231,7 +231,7 @@ def test_credentials_from_a_kubeconfig_authenticate_to_the_api(api: FakeClusterA
                                                                tmp_path: Path) -> None:
     import asyncio
 
-    from extender.kube import Credentials, Kube
+    from webhook.kube import Credentials, Kube
 
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(api.kubeconfig())

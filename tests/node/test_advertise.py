@@ -16,8 +16,9 @@ import pynvml
 import pytest
 
 from runtime_hook import contract
+from runtime_hook.contract import MAX_GPU_MEMORY_ANNOTATION as LARGEST
 from runtime_hook.contract import Gpu
-from runtime_hook.node.advertise import resources, status_patch
+from runtime_hook.node.advertise import largest_share_change, resources, status_patch
 from runtime_hook.node.agent import Advertiser, Settings, run
 from runtime_hook.node.logs import setup
 from runtime_hook.node.nvml import Nvml
@@ -52,6 +53,17 @@ def test_every_domain_gets_the_full_amount_and_no_gpu_gives_zero() -> None:
     assert resources([], ["docker.com", "tencent.com"], 1.0) == {
         "docker.com/vcuda-core": "0", "docker.com/vcuda-memory": "0",
         "tencent.com/vcuda-core": "0", "tencent.com/vcuda-memory": "0"}
+
+
+def test_the_largest_share_is_the_largest_gpu_times_the_scaling_and_changes_only_when_due(
+) -> None:
+    gpus = [Gpu("GPU-a", 0, 80 * GIB), Gpu("GPU-b", 1, 141 * GIB)]
+    assert largest_share_change({}, gpus, 1.0) == {LARGEST: str(141 * GIB)}
+    assert largest_share_change({}, gpus, 0.5) == {LARGEST: str(70 * GIB + (512 << 20))}
+    published = {"metadata": {"annotations": {LARGEST: str(141 * GIB)}}}
+    assert largest_share_change(published, gpus, 1.0) is None
+    assert largest_share_change(published, [], 1.0) == {LARGEST: None}  # no GPU: removed
+    assert largest_share_change({}, [], 1.0) is None
 
 
 def test_the_status_patch_adds_only_what_differs_with_escaped_pointers() -> None:
@@ -127,10 +139,24 @@ def test_the_node_gets_its_resources_in_capacity_and_allocatable_by_one_json_pat
     assert _vcuda(api, "capacity") == _vcuda(api, "allocatable") == WANTED
     node = api.get(PATH)
     assert node is not None and node["status"]["capacity"]["cpu"] == "64"  # the kubelet's stay
-    [patch] = [r for r in api.requests if r.method == "PATCH"]
+    [patch] = [r for r in api.requests if r.method == "PATCH" and r.path.endswith("/status")]
     assert (patch.path, patch.content_type, patch.status) == (f"{PATH}/status", JSON_PATCH, 200)
     paths = {op["path"] for op in json.loads(patch.body)}
     assert "/status/capacity/docker.com~1vcuda-core" in paths and len(paths) == 8
+
+
+def test_the_node_publishes_its_largest_share_for_the_webhook(
+    api: FakeNodesApi, kubeconfig: str, devices: list[FakeDevice], tmp_path: Path
+) -> None:
+    advertiser = _advertiser(tmp_path, kubeconfig, devices, memory_scaling=1.5)
+    advertiser.once()
+    node = api.get(PATH)
+    assert node is not None and node["metadata"]["annotations"] == {LARGEST: str(120 * GIB)}
+    assert node["status"]["capacity"]["cpu"] == "64"
+    devices.clear()  # the driver lost every GPU: the node offers no share at all
+    advertiser.once()
+    node = api.get(PATH)
+    assert node is not None and LARGEST not in node["metadata"].get("annotations", {})
 
 
 def test_an_unchanged_node_is_only_read(api: FakeNodesApi, kubeconfig: str,

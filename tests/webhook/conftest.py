@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 import pytest
 
 from webhook.config import Config
+from webhook.kube import Credentials
 from webhook.logs import make_logger
 from webhook.pki import KeyPair, issue_serving_cert, make_ca
 from webhook.server import WebhookServer
@@ -159,11 +160,14 @@ def secret(tmp_path: Path, ca: KeyPair) -> SecretVolume:
 
 
 def start_server(secret: SecretVolume, client: ssl.SSLContext, log_file: Path,
-                 config: Config | None = None, guards: Guards = DEFAULT_GUARDS) -> RunningServer:
+                 config: Config | None = None, guards: Guards = DEFAULT_GUARDS,
+                 api: Credentials | None = None, nodes_interval: float = 60.0) -> RunningServer:
+    """The server on a free port; ``api``: where it reads the Nodes' largest GPU share."""
     stream = log_file.open("ab")
     log = make_logger(stream)
     certificates = CertificateReloader(secret.cert_file, secret.key_file, log)
-    webhook = WebhookServer(config or Config(), certificates, log, RELOAD_INTERVAL, guards)
+    webhook = WebhookServer(config or Config(), certificates, log, RELOAD_INTERVAL, guards, api,
+                            nodes_interval)
     return RunningServer(webhook, client, log_file, stream)
 
 

@@ -31,7 +31,7 @@ def test_help_explains_every_flag() -> None:
     result = run("--help")
     assert result.returncode == 0
     for flag in ("--host", "--port", "--cert-file", "--key-file", "--self-signed", "--config",
-                 "--reload-interval"):
+                 "--reload-interval", "--kubeconfig", "--nodes-interval"):
         assert flag in result.stdout
     assert "POST /mutate" in result.stdout
 
@@ -47,6 +47,10 @@ def test_help_explains_every_flag() -> None:
     (("--self-signed", "--port", "nan"), "argument --port: 'nan' is not a port: write 1..65535"),
     (("--self-signed", "--port", "99999"), "argument --port: '99999' is not a port"),
     (("--self-signed", "--port", "-1"), "argument --port: '-1' is not a port"),
+    (("--self-signed", "--nodes-interval", "0"),
+     "argument --nodes-interval: '0' is not a number of seconds more than 0"),
+    (("--self-signed", "--kubeconfig", "/nonexistent/kubeconfig"),
+     "--kubeconfig: no Kubernetes credentials: /nonexistent/kubeconfig is not a file"),
 ])
 def test_wrong_flags_are_refused_with_what_to_give(args: tuple[str, ...], message: str) -> None:
     result = run(*args)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ def test_defaults_follow_the_architecture() -> None:
     assert config.exclusive_resource == "nvidia.com/gpu"
     assert config.runtime_class == "vcuda"
     assert config.max_gpu_memory == 80 << 30
+    assert config.max_gpu_memory_from_nodes is True  # where the server can read the Nodes
     assert config.deny_direct_shared is True
 
 
@@ -28,14 +29,22 @@ def test_a_file_sets_every_key(tmp_path: Path) -> None:
     assert load_config(path) == Config(
         domains=("example.org",), shared_resource="example.org/gpu-share",
         exclusive_resource="example.org/gpu", runtime_class="limited",
-        max_gpu_memory=141 << 30, deny_direct_shared=False)
+        max_gpu_memory=141 << 30, max_gpu_memory_from_nodes=False, deny_direct_shared=False)
 
 
 def test_every_setting_can_be_given_in_a_file() -> None:
     defaults = Config()
-    values = {f.name: getattr(defaults, f.name) for f in fields(Config)}
+    values = {f.name: getattr(defaults, f.name) for f in fields(Config)
+              if f.name != "max_gpu_memory_from_nodes"}  # follows from max_gpu_memory
     values["domains"] = list(values["domains"])
-    assert config_from_mapping(values) == defaults
+    assert config_from_mapping(values) == replace(defaults, max_gpu_memory_from_nodes=False)
+
+
+def test_max_gpu_memory_in_a_file_wins_over_what_the_nodes_publish() -> None:
+    assert config_from_mapping({}).max_gpu_memory_from_nodes is True
+    assert config_from_mapping({"max_gpu_memory": "80Gi"}).max_gpu_memory_from_nodes is False
+    with pytest.raises(ConfigError, match="unknown key 'max_gpu_memory_from_nodes'"):
+        config_from_mapping({"max_gpu_memory_from_nodes": False})
 
 
 def test_keys_left_out_keep_their_defaults() -> None:

@@ -1,23 +1,26 @@
-"""The few Kubernetes API calls the extender makes, asynchronously over one kept-alive session."""
+"""The few Kubernetes API calls the webhook and the extender make, asynchronously over one
+kept-alive session."""
 
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import time
 from typing import Any
 
 import aiohttp
 
-from extender.errors import ExtenderError
 from runtime_hook.contract import CredentialsError, api_client, in_cluster
+from webhook.errors import WebhookError
 
 MERGE_PATCH = "application/merge-patch+json"
-_SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 _TOKEN_REREAD = 60.0  # seconds: projected service account tokens are rotated on disk
+# Where the kubelet puts a pod's service account credentials.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-class KubeError(ExtenderError, RuntimeError):
+class KubeError(WebhookError, RuntimeError):
     """The API answered an error (``status`` 0: it could not be reached)."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -39,6 +42,10 @@ class Credentials:
     @classmethod
     def load(cls, kubeconfig: str | None) -> Credentials:
         """From ``kubeconfig``, else the pod's service account; raise KubeError if neither works."""
+        if in_cluster(kubeconfig):
+            return cls.in_cluster()
+        if kubeconfig is not None and not os.path.isfile(kubeconfig):
+            raise KubeError(0, f"no Kubernetes credentials: {kubeconfig} is not a file")
         try:
             configuration = api_client(kubeconfig).configuration
         except CredentialsError as exc:
@@ -49,8 +56,31 @@ class Credentials:
         keys = configuration.api_key or {}  # the key's name differs between client versions
         token = (keys.get("BearerToken") or keys.get("authorization") or "").removeprefix(
             "Bearer ")
-        token_file = _SERVICE_ACCOUNT_TOKEN if in_cluster(kubeconfig) else None
-        return cls(configuration.host, context, token or None, token_file)
+        return cls(configuration.host, context, token or None)
+
+    @classmethod
+    def in_cluster(cls, account_dir: str = SERVICE_ACCOUNT_DIR) -> Credentials:
+        """The pod's service account and the API's Service address, as the kubelet gives them.
+
+        The same files the ``kubernetes`` client reads in a pod, read here without it:
+        importing it costs a server about 21 MiB, and the webhook reads Nodes by default.
+        """
+        host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
+        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+        token_file = os.path.join(account_dir, "token")
+        try:
+            context = ssl.create_default_context(cafile=os.path.join(account_dir, "ca.crt"))
+            with open(token_file, encoding="utf-8") as source:
+                token = source.read().strip()
+        except OSError as exc:
+            raise KubeError(0, f"no Kubernetes credentials: {exc.filename}: {exc.strerror} "
+                               "(is the service account token mounted?)") from None
+        if not host:
+            raise KubeError(0, "no Kubernetes credentials: KUBERNETES_SERVICE_HOST is not set")
+        address = f"[{host}]" if ":" in host else host
+        credentials = cls(f"https://{address}:{port}", context, token, token_file)
+        credentials._token_read = time.monotonic()
+        return credentials
 
     def header(self) -> dict[str, str]:
         if self._token_file and time.monotonic() - self._token_read > _TOKEN_REREAD:
@@ -76,8 +106,9 @@ class Kube:
     async def close(self) -> None:
         await self._session.close()
 
-    async def get(self, path: str) -> dict[str, Any]:
-        return await self._call("GET", path, None, None)
+    async def get(self, path: str, accept: str | None = None) -> dict[str, Any]:
+        """GET ``path`` (with its query); ``accept`` asks for another form of the answer."""
+        return await self._call("GET", path, None, None, accept)
 
     async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._call("PATCH", path, body, MERGE_PATCH)
@@ -86,8 +117,10 @@ class Kube:
         return await self._call("POST", path, body, "application/json")
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None,
-                    content_type: str | None) -> dict[str, Any]:
+                    content_type: str | None, accept: str | None = None) -> dict[str, Any]:
         headers = self._credentials.header()
+        if accept:
+            headers["Accept"] = accept
         data = None
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"

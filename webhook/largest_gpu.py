@@ -1,0 +1,92 @@
+"""The cluster's largest GPU share, as vcuda's node agents publish it on their Nodes.
+
+Each node agent writes ``vcuda.io/max-gpu-memory`` on its Node: the bytes of its
+largest GPU times its memory scaling, the most one shared container may have
+there. The webhook lists the Nodes labelled ``vcuda.io/enabled=true`` every
+interval, metadata alone and from the API server's cache, and bounds
+``vcuda-memory`` requests by the largest value found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+from urllib.parse import quote
+
+from runtime_hook.contract import ENABLED_LABEL, MAX_GPU_MEMORY_ANNOTATION, MEMORY_UNIT
+from webhook.kube import Kube, KubeError
+
+# resourceVersion=0: served from the API server's watch cache, not a quorum read of etcd.
+NODES_PATH = f"/api/v1/nodes?labelSelector={quote(f'{ENABLED_LABEL}=true')}&resourceVersion=0"
+METADATA_ONLY = ("application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,"
+                 "application/json")
+
+
+class Largest(NamedTuple):
+    """The largest share published, in bytes, and the node that publishes it."""
+
+    memory: int
+    node: str
+
+
+def largest_published(items: Iterable[dict[str, Any]]) -> tuple[Largest | None, list[str]]:
+    """The largest share the Nodes ``items`` publish (None: none does), and the names of those
+    whose value is not a whole number of bytes of at least 256 MiB."""
+    best: Largest | None = None
+    malformed = []
+    for item in items:
+        metadata = item.get("metadata") or {}
+        value = (metadata.get("annotations") or {}).get(MAX_GPU_MEMORY_ANNOTATION)
+        if value is None:
+            continue
+        name = str(metadata.get("name", "?"))
+        if not (isinstance(value, str) and value.isdigit() and int(value) >= MEMORY_UNIT):
+            malformed.append(name)
+        elif best is None or int(value) > best.memory:
+            best = Largest(int(value), name)
+    return best, sorted(malformed)
+
+
+class LargestGpu:
+    """Keeps the largest published share; ``use`` gets it (None: no Node publishes one) when
+    it changes."""
+
+    def __init__(self, kube: Kube, interval: float, log: Any,
+                 use: Callable[[int | None], None]) -> None:
+        self._kube = kube
+        self._interval = interval
+        self._log = log
+        self._use = use
+        self._largest: Largest | None = None
+        self._problem = ""  # the last one logged, so that a lasting one is logged once
+
+    async def refresh(self) -> None:
+        """List the Nodes once; on failure keep what was learned before, and log why."""
+        try:
+            answer = await self._kube.get(NODES_PATH, accept=METADATA_ONLY)
+        except KubeError as exc:
+            self._report(f"cannot list nodes: {exc.message}")
+            return
+        largest, malformed = largest_published(answer.get("items") or [])
+        self._report(f"{MAX_GPU_MEMORY_ANNOTATION} is not a number of bytes (at least 256 "
+                     f"MiB) on {', '.join(malformed)}" if malformed else "")
+        if largest != self._largest:
+            self._largest = largest
+            self._log.info("max_gpu_memory_learned", bytes=largest and largest.memory,
+                           node=largest and largest.node)
+            self._use(largest and largest.memory)
+
+    async def run(self) -> None:
+        """Refresh every interval until cancelled."""
+        while True:
+            await asyncio.sleep(self._interval)
+            await self.refresh()
+
+    def _report(self, problem: str) -> None:
+        if problem != self._problem:
+            if problem:
+                self._log.warning("max_gpu_memory_unread", reason=problem)
+            else:
+                self._log.info("max_gpu_memory_read")
+            self._problem = problem
