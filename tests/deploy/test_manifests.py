@@ -49,9 +49,11 @@ def _ids(path: Any) -> str:
 
 
 DEVICE_PLUGIN_CONFIG = ROOT / "device-plugin" / "config.yaml"  # applied apart, not by -k
+UNINSTALL = ROOT / "uninstall"  # applied apart, to remove vcuda from nodes
 
 
-@pytest.mark.parametrize("path", [*manifest_files(), DEVICE_PLUGIN_CONFIG], ids=_ids)
+@pytest.mark.parametrize("path", [*manifest_files(), DEVICE_PLUGIN_CONFIG,
+                                  UNINSTALL / "node-uninstall.yaml"], ids=_ids)
 def test_every_manifest_validates_strictly_against_the_kubernetes_schemas(path: Any) -> None:
     for obj in documents(path):
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
@@ -423,12 +425,48 @@ def test_node_daemonset_installs_then_runs_the_agent_on_the_host_root() -> None:
     assert spec["serviceAccountName"] == "vcuda-node"
 
 
-def _host_mounts(container: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+def _host_mounts(container: dict[str, Any],
+                 daemonset: dict[str, Any] | None = None) -> dict[str, tuple[str, bool]]:
     """Each mount of a host path: where, from which node path, and whether it is writable."""
-    volumes = {v["name"]: v["hostPath"]["path"]
-               for v in find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]["volumes"]}
+    spec = (daemonset or find("DaemonSet", "vcuda-node"))["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"]}
     return {m["mountPath"]: (volumes[m["name"]], not m.get("readOnly", False))
             for m in container["volumeMounts"]}
+
+
+def _uninstall() -> dict[str, Any]:
+    [daemonset] = documents(UNINSTALL / "node-uninstall.yaml")
+    return daemonset
+
+
+def test_the_node_uninstall_runs_with_the_installs_privileges_and_mounts() -> None:
+    [install] = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]["initContainers"]
+    spec = _uninstall()["spec"]["template"]["spec"]
+    [uninstall] = spec["initContainers"]
+    assert uninstall["command"] == ["vcuda-node", "uninstall", "--host-root", "/host"]
+    assert _host_mounts(uninstall, _uninstall()) == _host_mounts(install)
+    assert uninstall["securityContext"] == install["securityContext"]
+    assert uninstall["image"] == install["image"]
+    [done] = spec["containers"]  # then waits, so that the rollout ends when every node is clean
+    assert "volumeMounts" not in done and done["securityContext"]["capabilities"] == {
+        "drop": ["ALL"]}
+    assert done["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_node_uninstall_runs_only_where_asked_and_never_beside_the_install() -> None:
+    uninstall = _uninstall()["spec"]["template"]["spec"]["nodeSelector"]
+    install = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]["nodeSelector"]
+    assert uninstall == {"vcuda.io/uninstall": "true"}
+    assert install == {"vcuda.io/enabled": "true"}
+    assert _uninstall()["metadata"]["namespace"] == NAMESPACE
+
+
+def test_the_uninstall_kustomization_sets_the_image_as_the_main_one_does() -> None:
+    main = yaml.safe_load((ROOT / "kustomization.yaml").read_text())
+    uninstall = yaml.safe_load((UNINSTALL / "kustomization.yaml").read_text())
+    assert uninstall["images"] == main["images"]
+    assert uninstall["resources"] == ["node-uninstall.yaml"]
+    assert uninstall["labels"] == main["labels"]
 
 
 def test_the_node_pods_see_the_host_read_only_and_write_only_where_install_and_the_agent_write(
