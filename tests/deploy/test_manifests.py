@@ -9,6 +9,7 @@ import subprocess
 from typing import Any
 
 import celpy
+import jsonpatch
 import kubernetes_validate
 import pytest
 import yaml
@@ -20,6 +21,7 @@ from runtime_hook.contract import (
     WHOLE_RESOURCE,
 )
 from runtime_hook.hook_cli import DEFAULT_STATE_DIR
+from runtime_hook.node.agent import CDI_DIR, PLUGIN_DIR, POD_RESOURCES
 from runtime_hook.node.runtime_config import (
     BASE_SPEC,
     CONTAINERD_CONFIG,
@@ -512,6 +514,34 @@ def test_the_agent_asks_nvidias_runtime_for_every_gpu_by_mount_and_by_variable()
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"  # NVML, no compute
     assert _host_mounts(agent)[NVIDIA_ALL_GPUS] == ("/dev/null", False)
+
+
+def _with_placement() -> dict[str, Any]:
+    patch = yaml.safe_load((ROOT / "placement" / "daemonset-patch.yaml").read_text())
+    return jsonpatch.apply_patch(find("DaemonSet", "vcuda-node"), patch)
+
+
+def test_the_placement_component_is_valid_and_patches_the_node_daemonset() -> None:
+    kustomization = yaml.safe_load((ROOT / "placement" / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    [patch] = kustomization["patches"]
+    assert (patch["path"], patch["target"]["kind"], patch["target"]["name"]) == (
+        "daemonset-patch.yaml", "DaemonSet", "vcuda-node")
+    kubernetes_validate.validate(_with_placement(), KUBERNETES_VERSION, strict=True)
+
+
+def test_with_placement_the_agent_may_write_where_its_device_plugins_write_and_nowhere_else(
+) -> None:
+    spec = _with_placement()["spec"]["template"]["spec"]
+    [agent] = spec["containers"]
+    assert agent["command"] == ["vcuda-node", "run", "--host-root", "/host", "--placement"]
+    writable = {path: node for path, (node, rw) in _host_mounts(agent, _with_placement()).items()
+                if rw}
+    assert writable == {"/host/run/vcuda": DEFAULT_STATE_DIR,
+                        "/host" + PLUGIN_DIR: PLUGIN_DIR, "/host" + CDI_DIR: CDI_DIR}
+    assert POD_RESOURCES.startswith("/var/lib/kubelet/") and not POD_RESOURCES.startswith(
+        PLUGIN_DIR)  # a socket it connects to: read-only is enough
+    assert "privileged" not in agent["securityContext"]
 
 
 def test_device_plugin_config_advertises_shared_replicas_as_the_shared_resource() -> None:
