@@ -22,6 +22,7 @@ from runtime_hook.contract import (
 )
 from runtime_hook.hook_cli import DEFAULT_STATE_DIR
 from runtime_hook.node.agent import CDI_DIR, PLUGIN_DIR, POD_RESOURCES
+from runtime_hook.node.host_root import host_path
 from runtime_hook.node.runtime_config import (
     BASE_SPEC,
     CONTAINERD_CONFIG,
@@ -530,15 +531,25 @@ def test_the_placement_component_is_valid_and_patches_the_node_daemonset() -> No
     kubernetes_validate.validate(_with_placement(), KUBERNETES_VERSION, strict=True)
 
 
+@pytest.mark.parametrize("var_run", ["/run", "../run"])  # Debian and Ubuntu's, RHEL's
 def test_with_placement_the_agent_may_write_where_its_device_plugins_write_and_nowhere_else(
+    var_run: str, tmp_path: Any
 ) -> None:
     spec = _with_placement()["spec"]["template"]["spec"]
     [agent] = spec["containers"]
     assert agent["command"] == ["vcuda-node", "run", "--host-root", "/host", "--placement"]
     writable = {path: node for path, (node, rw) in _host_mounts(agent, _with_placement()).items()
                 if rw}
-    assert writable == {"/host/run/vcuda": DEFAULT_STATE_DIR,
-                        "/host" + PLUGIN_DIR: PLUGIN_DIR, "/host" + CDI_DIR: CDI_DIR}
+    # Where the agent writes: each directory as it resolves the node's links under /host.
+    node = tmp_path / "node"
+    (node / "var").mkdir(parents=True)
+    (node / "var" / "run").symlink_to(var_run)
+    used = ["/host" + host_path(str(node), d).removeprefix(str(node)) for d in (PLUGIN_DIR,
+                                                                                 CDI_DIR)]
+    assert set(writable) == {"/host/run/vcuda", *used}
+    assert {path: writable[path] for path in used} == {  # each the node's directory it names
+        path: path.removeprefix("/host") for path in used}
+    assert writable["/host/run/vcuda"] == DEFAULT_STATE_DIR
     assert POD_RESOURCES.startswith("/var/lib/kubelet/") and not POD_RESOURCES.startswith(
         PLUGIN_DIR)  # a socket it connects to: read-only is enough
     assert "privileged" not in agent["securityContext"]
