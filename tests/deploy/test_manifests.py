@@ -21,7 +21,8 @@ from runtime_hook.contract import (
     WHOLE_RESOURCE,
 )
 from runtime_hook.hook_cli import DEFAULT_STATE_DIR
-from runtime_hook.node.agent import CDI_DIR, PLUGIN_DIR, POD_RESOURCES
+from runtime_hook.node.agent import PLUGIN_DIR, POD_RESOURCES
+from runtime_hook.node.cdi_files import DEFAULT_DIR as CDI_DIR
 from runtime_hook.node.host_root import host_path
 from runtime_hook.node.runtime_config import (
     BASE_SPEC,
