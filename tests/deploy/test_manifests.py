@@ -497,10 +497,11 @@ def test_the_agent_sees_what_the_hook_mounts_on_the_host_after_it_started() -> N
     assert propagation["/host"] == propagation["/host/run/vcuda"] == "HostToContainer"
 
 
-def test_the_agent_runs_unprivileged_in_its_own_pid_namespace_with_two_capabilities() -> None:
+def test_the_agent_runs_unprivileged_in_the_hosts_pid_namespace_with_two_capabilities() -> None:
     spec = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]
     [agent] = spec["containers"]
-    assert "hostPID" not in spec  # it reads the host's processes under /host/proc
+    # NVML numbers GPU processes in the asking process's pid namespace.
+    assert spec["hostPID"] is True
     context = agent["securityContext"]
     assert "privileged" not in context and context["allowPrivilegeEscalation"] is False
     assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}
