@@ -256,6 +256,19 @@ def recorded(annotations: Mapping[str, str] | None) -> Collection[str]:
         return ()
 
 
+def published(annotations: Mapping[str, str] | None) -> float | None:
+    """When the node agent last published a node's GPUs (its heartbeat, node's clock); None
+    without a usable inventory."""
+    annotations = annotations or {}
+    raw = annotations.get(INVENTORY_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        return _parsed(raw, annotations.get(LEDGER_ANNOTATION))[0].heartbeat
+    except PlacementError:
+        return None
+
+
 def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,
               strategy: str, now: float, max_age: float,
               pending: Iterable[tuple[str, Assignment]] = (), ignore: str = "") -> Placement:

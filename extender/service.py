@@ -25,6 +25,7 @@ from extender.policy import (
     Unfit,
     placement,
     pod_demand,
+    published,
     recorded,
 )
 from extender.wire import (
@@ -38,6 +39,8 @@ from extender.wire import (
 from runtime_hook.placement import Assignment
 
 PENDING_SECONDS = 30.0
+# Heartbeats are whole seconds: a copy published this much after a bind was written after it.
+_HEARTBEAT_SLACK = 1.0
 SENT_PODS = 4096  # pods filtered and not bound yet, kept for their bind (newest)
 
 
@@ -130,9 +133,9 @@ class Extender:
         pending = self._pending.get(name)
         extra: list[tuple[str, Assignment]] = []
         if pending:
-            # A bind seen in the node's ledger is counted from there: forget it, or it would
-            # count again once its pod ends and the line is pruned.
-            self._forget(name, pending, now, recorded(annotations))
+            # A bind the node's copy accounts for is counted from there (or is over): forget
+            # it, or it would count again once its pod ends and the line is pruned.
+            self._forget(name, pending, now, recorded(annotations), published(annotations))
             extra = [(uid, a) for uid, (a, _) in pending.items()]
         uid = (args.pod.get("metadata") or {}).get("uid") or ""
         return placement(name, annotations, demand, self._strategy, now, self._max_age, extra,
@@ -148,11 +151,17 @@ class Extender:
                 self._sent.popitem(last=False)
 
     def _remember(self, node: str, uid: str, assignment: Assignment) -> None:
-        self._pending.setdefault(node, {})[uid] = (assignment, self._clock() + PENDING_SECONDS)
+        self._pending.setdefault(node, {})[uid] = (assignment, self._clock())
 
-    def _forget(self, node: str, pending: dict, now: float, seen: Collection[str]) -> None:
-        """Drop binds the node's ledger shows, and binds too old to be still unseen."""
-        for uid in [u for u, (_, until) in pending.items() if until <= now or u in seen]:
+    def _forget(self, node: str, pending: dict, now: float, seen: Collection[str],
+                heartbeat: float | None) -> None:
+        """Drop binds the node's copy accounts for: its ledger shows them, or its agent
+        published it after them and their line is gone (the pod ended, the agent pruned it);
+        and binds too old to be still unseen. A node clock ahead of ours can make a bind be
+        forgotten early: the cost is a bind that finds the room taken, never an over-commit."""
+        for uid in [u for u, (_, at) in pending.items()
+                    if u in seen or now - at >= PENDING_SECONDS
+                    or (heartbeat is not None and heartbeat >= at + _HEARTBEAT_SLACK)]:
             del pending[uid]
         if not pending:
             del self._pending[node]

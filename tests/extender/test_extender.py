@@ -259,3 +259,23 @@ def test_room_of_a_pod_bound_then_deleted_comes_back_once_its_ledger_line_is_pru
     pruned["metadata"]["annotations"][LEDGER_ANNOTATION] = '{"version":1,"pods":{}}'
     again = extender.verb("/filter", extender_args(later, [pruned]))
     assert [n["metadata"]["name"] for n in again["Nodes"]["items"]] == ["n"]
+
+
+def test_room_of_a_pod_whose_line_was_pruned_before_filter_saw_it_comes_back_at_the_next_heartbeat(
+        api: FakeClusterApi, tmp_path: Path) -> None:
+    clock = [NOW]
+    extender = RunningExtender(api, tmp_path / "extender.log", clock=lambda: clock[0])
+    try:
+        add(api, node_object("n", [16 * GIB]))
+        first = add(api, pod_object("first", 60, 10))[0]
+        assert bind(extender, first, "n") == ""
+        later = pod_object("later", 60, 10)
+        unseen = node_object("n", [16 * GIB], heartbeat=NOW)  # a copy from before the bind
+        held = extender.verb("/filter", extender_args(later, [unseen]))
+        assert held["Nodes"]["items"] == []  # the bind not in this copy is counted
+        clock[0] = NOW + 5
+        republished = node_object("n", [16 * GIB], heartbeat=NOW + 4)  # line pruned meanwhile
+        again = extender.verb("/filter", extender_args(later, [republished]))
+        assert [n["metadata"]["name"] for n in again["Nodes"]["items"]] == ["n"]
+    finally:
+        extender.stop()
