@@ -117,7 +117,8 @@ class NodeStatus:
 
     def patch(self, operations: list[Operation]) -> None:
         """Apply ``operations`` (JSON Patch) to the node's status."""
-        self._call("patch nodes/status", lambda: self._api.patch_node_status(self.node, operations))
+        self._call("patch nodes/status", lambda: self._api.patch_node_status(
+            self.node, operations, _preload_content=False))
 
     def annotate(self, annotations: dict[str, str | None], version: str | None = None) -> bool:
         """Merge ``annotations`` into the node's (None removes one); with ``version``, only if
@@ -126,8 +127,8 @@ class NodeStatus:
         if version is not None:
             body["metadata"]["resourceVersion"] = version
         answer = self._call("patch nodes", lambda: self._api.patch_node(
-            self.node, body, _content_type="application/merge-patch+json"),
-            conflict_ok=version is not None)
+            self.node, body, _content_type="application/merge-patch+json",
+            _preload_content=False), conflict_ok=version is not None)
         return answer is not _CONFLICT
 
     def pods(self) -> list[dict[str, Any]]:
