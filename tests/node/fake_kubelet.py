@@ -174,7 +174,10 @@ class FakeKubelet:
         devices = {}
         for name in sorted(os.listdir(self.cdi_dir)) if os.path.isdir(self.cdi_dir) else ():
             if name.endswith(".json"):
-                devices.update(self._spec_devices(os.path.join(self.cdi_dir, name)))
+                try:
+                    devices.update(self._spec_devices(os.path.join(self.cdi_dir, name)))
+                except FileNotFoundError:
+                    continue  # removed since listed (a slot retired): the runtime skips it too
         gpus = []
         for name in names:
             if name not in devices:
