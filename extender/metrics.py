@@ -3,11 +3,9 @@ redone, and nodes left out because their vcuda inventory is missing, unreadable 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     HistogramMetricFamily,
@@ -15,8 +13,8 @@ from prometheus_client.metrics_core import (
 )
 
 from extender.policy import NODE_CAUSES
+from webhook.metrics import Latency
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 VERBS = ("filter", "prioritize", "bind")
 # ok: answered; refused: a bind that could not be done (the scheduler retries the pod);
 # bad_request: a 400 (malformed arguments, a body too large).
@@ -30,8 +28,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self._calls = {(verb, outcome): 0 for verb in VERBS for outcome in OUTCOMES}
-        self._buckets = {verb: [0] * (len(_LATENCY_BOUNDS) + 1) for verb in VERBS}  # last: +Inf
-        self._seconds = dict.fromkeys(VERBS, 0.0)
+        self._latency = {verb: Latency(_LATENCY_BOUNDS) for verb in VERBS}
         self._conflicts = dict.fromkeys(WRITES, 0)
         self._left_out = dict.fromkeys(NODE_CAUSES, 0)
         self.registry = CollectorRegistry(auto_describe=True)
@@ -40,8 +37,7 @@ class Metrics:
     def observe(self, verb: str, outcome: str, seconds: float) -> None:
         """Count one call of ``verb`` (VERBS) with ``outcome`` (OUTCOMES) that took ``seconds``."""
         self._calls[verb, outcome] += 1
-        self._buckets[verb][bisect_left(_LATENCY_BOUNDS, seconds)] += 1
-        self._seconds[verb] += seconds
+        self._latency[verb].observe(seconds)
 
     def conflict(self, write: str) -> None:
         """A conditional ``write`` (WRITES) found its object moved on and is redone."""
@@ -61,12 +57,8 @@ class Metrics:
         yield calls
         latency = HistogramMetricFamily("vcuda_extender_request_seconds",
                                         "Time from request to answer, by verb", labels=["verb"])
-        for verb, counts in self._buckets.items():
-            cumulative, buckets = 0, []
-            for bound, count in zip((*map(str, _LATENCY_BOUNDS), "+Inf"), counts):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            latency.add_metric([verb], buckets, self._seconds[verb])
+        for verb, observed in self._latency.items():
+            latency.add_metric([verb], observed.buckets(), observed.seconds)
         yield latency
         conflicts = CounterMetricFamily(
             "vcuda_extender_bind_conflicts",

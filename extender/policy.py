@@ -244,29 +244,18 @@ def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_
     return NodeGpus(name, sorted(gpus.values(), key=lambda g: g.gpu.index), assigned)
 
 
-def recorded(annotations: Mapping[str, str] | None) -> Collection[str]:
-    """The pod uids a node's ledger holds (none when it has no usable ledger)."""
+def recorded(annotations: Mapping[str, str] | None) -> tuple[Collection[str], float | None]:
+    """The pod uids a node's ledger holds and when its agent last published its GPUs (its
+    heartbeat, node's clock); ``((), None)`` without a usable inventory."""
     annotations = annotations or {}
     raw = annotations.get(INVENTORY_ANNOTATION)
     if raw is None:
-        return ()
+        return (), None
     try:
-        return _parsed(raw, annotations.get(LEDGER_ANNOTATION))[2]
+        parsed = _parsed(raw, annotations.get(LEDGER_ANNOTATION))
     except PlacementError:
-        return ()
-
-
-def published(annotations: Mapping[str, str] | None) -> float | None:
-    """When the node agent last published a node's GPUs (its heartbeat, node's clock); None
-    without a usable inventory."""
-    annotations = annotations or {}
-    raw = annotations.get(INVENTORY_ANNOTATION)
-    if raw is None:
-        return None
-    try:
-        return _parsed(raw, annotations.get(LEDGER_ANNOTATION))[0].heartbeat
-    except PlacementError:
-        return None
+        return (), None
+    return parsed[2], parsed[0].heartbeat
 
 
 def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,

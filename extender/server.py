@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 
 from extender.bind import Binder
-from extender.metrics import CONTENT_TYPE
 from extender.policy import STRATEGIES
 from extender.service import Extender, Outcome
 from extender.wire import BadArguments
@@ -22,6 +21,7 @@ from runtime_hook.contract import positive_seconds
 from webhook.config import Config, ConfigError
 from webhook.kube import Credentials, Kube, KubeError
 from webhook.logs import make_logger
+from webhook.metrics import CONTENT_TYPE
 from webhook.serving import BodyRefused, Guards, Serving, tcp_port
 from webhook.tls import CertificateError, CertificateReloader
 

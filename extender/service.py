@@ -25,7 +25,6 @@ from extender.policy import (
     Unfit,
     placement,
     pod_demand,
-    published,
     recorded,
 )
 from extender.wire import (
@@ -135,7 +134,7 @@ class Extender:
         if pending:
             # A bind the node's copy accounts for is counted from there (or is over): forget
             # it, or it would count again once its pod ends and the line is pruned.
-            self._forget(name, pending, now, recorded(annotations), published(annotations))
+            self._forget(name, pending, now, *recorded(annotations))
             extra = [(uid, a) for uid, (a, _) in pending.items()]
         uid = (args.pod.get("metadata") or {}).get("uid") or ""
         return placement(name, annotations, demand, self._strategy, now, self._max_age, extra,

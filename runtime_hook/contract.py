@@ -50,8 +50,6 @@ from runtime_hook.hook_errors import VcudaError
 
 # Every component's log lines (field names, time format); beside the hook's log for poststop.
 from runtime_hook.hook_log import EVENT_FIELD as EVENT_FIELD
-from runtime_hook.hook_log import LEVEL_FIELD as LEVEL_FIELD
-from runtime_hook.hook_log import TIME_FIELD as TIME_FIELD
 from runtime_hook.hook_log import log_line as log_line
 
 # Every component's way to its Kubernetes credentials (kubernetes is imported only when used).

@@ -31,7 +31,6 @@ _ROTATE_AT = 1 << 20  # bytes; one older file (.1) is kept
 TIME_FIELD = "time"  # ISO 8601, UTC, milliseconds: 2025-01-31T12:00:00.250Z
 LEVEL_FIELD = "level"  # debug, info, warning, error or critical
 EVENT_FIELD = "event"  # what happened, in snake_case: "review", "resourceslice_created"
-_LEVEL_NAMES = {"warn": "warning", "exception": "error", "fatal": "critical"}
 _HEAD = dict.fromkeys((TIME_FIELD, LEVEL_FIELD, EVENT_FIELD))
 
 
@@ -57,16 +56,14 @@ def log_line(level: str, fields: Mapping[str, Any], now: float) -> dict[str, Any
     """The object of one JSON log line: its time and level, then ``fields`` (``event`` first).
 
     Args:
-        level: the level name as the logging library has it (``warn`` and
-            ``exception`` are written ``warning`` and ``error``).
+        level: the level name as the logging library gives it (``debug``, ``info``,
+            ``warning``, ``error``, ``critical``: structlog and logging name them so).
         fields: the event and its keys; ``time`` and ``level`` are not theirs to set.
         now: the time of the event, seconds since the epoch.
     """
     line = {**_HEAD, **fields}  # the head's keys first, in this order
     line[TIME_FIELD] = log_time(now)
-    line[LEVEL_FIELD] = _LEVEL_NAMES.get(level, level)
-    if line[EVENT_FIELD] is None:
-        del line[EVENT_FIELD]
+    line[LEVEL_FIELD] = level
     return line
 
 

@@ -26,6 +26,9 @@ def in_cluster(kubeconfig: str | None) -> bool:
 def api_client(kubeconfig: str | None = None) -> Any:
     """A ``kubernetes`` ApiClient from ``kubeconfig``, else the pod's service account (else the
     default kubeconfig); raise CredentialsError when none can be loaded."""
+    if kubeconfig is not None and not os.path.isfile(kubeconfig):
+        # The kubernetes library would only say "Invalid kube-config file".
+        raise CredentialsError(f"no Kubernetes credentials: {kubeconfig} is not a file")
     from kubernetes import client, config  # only a component that talks to Kubernetes pays
 
     try:

@@ -44,8 +44,6 @@ class Credentials:
         """From ``kubeconfig``, else the pod's service account; raise KubeError if neither works."""
         if in_cluster(kubeconfig):
             return cls.in_cluster()
-        if kubeconfig is not None and not os.path.isfile(kubeconfig):
-            raise KubeError(0, f"no Kubernetes credentials: {kubeconfig} is not a file")
         try:
             configuration = api_client(kubeconfig).configuration
         except CredentialsError as exc:

@@ -21,6 +21,27 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BOUNDS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
+class Latency:
+    """How long calls took: counts in buckets of ``bounds`` (seconds, ascending) and the sum."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)  # the last one is +Inf
+        self.seconds = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self._counts[bisect_left(self._bounds, seconds)] += 1
+        self.seconds += seconds
+
+    def buckets(self) -> list[tuple[str, int]]:
+        """The cumulative counts by upper bound, as HistogramMetricFamily takes them."""
+        cumulative, buckets = 0, []
+        for bound, count in zip((*map(str, self._bounds), "+Inf"), self._counts):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        return buckets
+
+
 class Metrics:
     """The webhook's metrics, kept as plain numbers and turned into metric families at scrape.
 
@@ -39,8 +60,7 @@ class Metrics:
         self._connections_closed = connections_closed
         self._max_gpu_memory = max_gpu_memory
         self._reviews = dict.fromkeys(OUTCOMES, 0)
-        self._buckets = [0] * (len(_LATENCY_BOUNDS) + 1)  # the last one is +Inf
-        self._seconds = 0.0
+        self._latency = Latency(_LATENCY_BOUNDS)
         self._certificate_seconds_left = certificate_seconds_left
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
@@ -48,8 +68,7 @@ class Metrics:
     def observe(self, outcome: str, seconds: float) -> None:
         """Count one review under ``outcome`` (see OUTCOMES) and record how long it took."""
         self._reviews[outcome] += 1
-        self._buckets[bisect_left(_LATENCY_BOUNDS, seconds)] += 1
-        self._seconds += seconds
+        self._latency.observe(seconds)
 
     def collect(self) -> Iterator[Metric]:
         """The metric families, for the registry."""
@@ -59,13 +78,10 @@ class Metrics:
         for decision, count in self._reviews.items():
             reviews.add_metric([decision], count)
         yield reviews
-        cumulative, buckets = 0, []
-        for bound, count in zip((*map(str, _LATENCY_BOUNDS), "+Inf"), self._buckets):
-            cumulative += count
-            buckets.append((bound, cumulative))
         yield HistogramMetricFamily("vcuda_webhook_review_seconds",
                                     "Time from request to answer of /mutate",
-                                    buckets=buckets, sum_value=self._seconds)
+                                    buckets=self._latency.buckets(),
+                                    sum_value=self._latency.seconds)
         closed = CounterMetricFamily("vcuda_webhook_connections_closed",
                                      "Connections closed by a guard (too many, too slow)",
                                      labels=["reason"])

@@ -12,8 +12,6 @@
 #include "pools.h"
 #include "track.h"
 
-#define ROUND_UP(n, to) (((n) + (to) - 1) / (to) * (to))
-
 /* Rows are padded to the device's pitch alignment; this bound is replaced by the real pitch. */
 #define PITCH_ESTIMATE_ALIGN 512
 
@@ -115,7 +113,7 @@ CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned 
 CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
                                     size_t Height, unsigned int ElementSizeBytes)
 {
-    uint64_t estimate = ROUND_UP((uint64_t)WidthInBytes, PITCH_ESTIMATE_ALIGN) * Height;
+    uint64_t estimate = VC_ROUND_UP((uint64_t)WidthInBytes, PITCH_ESTIMATE_ALIGN) * Height;
     const struct vc_device *d = target(dptr && pPitch && estimate);
     CUresult r = charge(d, estimate);
     if (r != CUDA_SUCCESS)

@@ -7,6 +7,9 @@
 #include "api.h"
 #include "devices.h"
 
+/* n rounded up to a multiple of to: what an allocation of n takes at a granularity. */
+#define VC_ROUND_UP(n, to) (((n) + (to) - 1) / (to) * (to))
+
 /* Charges bytes on d, first crediting what this process's pools and graphs gave back.
  * CUDA_ERROR_OUT_OF_MEMORY when the container's account has no room. */
 CUresult vc_memory_charge(const struct vc_device *d, uint64_t bytes);

@@ -27,8 +27,6 @@
 #include "setup.h"
 #include "track.h"
 
-#define ROUND_UP(n, to) (((n) + (to) - 1) / (to) * (to))
-
 /* Ends one hold on the allocation of handle; gives its charge back once none is left. */
 static void let_go(uint64_t handle)
 {
@@ -54,7 +52,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (d && vc_real_cuMemGetAllocationGranularity(&granularity, prop,
                                                    CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS
         && granularity)
-        bytes = ROUND_UP(bytes, granularity);
+        bytes = VC_ROUND_UP(bytes, granularity);
     CUresult r = d ? vc_memory_charge(d, bytes) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS)
         return r;
