@@ -118,7 +118,7 @@ class NodeStatus:
     def patch(self, operations: list[Operation]) -> None:
         """Apply ``operations`` (JSON Patch) to the node's status."""
         self._call("patch nodes/status", lambda: self._api.patch_node_status(
-            self.node, operations, _preload_content=False))
+            self.node, operations, _preload_content=False)).drain_conn()  # frees the connection
 
     def annotate(self, annotations: dict[str, str | None], version: str | None = None) -> bool:
         """Merge ``annotations`` into the node's (None removes one); with ``version``, only if
@@ -129,7 +129,10 @@ class NodeStatus:
         answer = self._call("patch nodes", lambda: self._api.patch_node(
             self.node, body, _content_type="application/merge-patch+json",
             _preload_content=False), conflict_ok=version is not None)
-        return answer is not _CONFLICT
+        if answer is _CONFLICT:
+            return False
+        answer.drain_conn()  # unread, the connection never goes back to the pool
+        return True
 
     def pods(self) -> list[dict[str, Any]]:
         """The pods bound to this node, as JSON."""

@@ -8,6 +8,7 @@ import threading
 from typing import TYPE_CHECKING, NamedTuple
 
 from runtime_hook.contract import INVENTORY_NAME, Gpu
+from runtime_hook.node.host_root import host_path
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.node.metrics import NodeCollector, serve
 from runtime_hook.node.nvml import Nvml, NvmlError
@@ -57,7 +58,7 @@ class Advertiser:
         self._driver = driver
         self._log = log
         self.problems = Problems(log, "advertise")
-        state = os.path.join(settings.host_root, settings.state_dir.lstrip("/"))
+        state = host_path(settings.host_root, settings.state_dir)
         self.inventory = os.path.join(state, INVENTORY_NAME)
 
     def once(self) -> list[Gpu] | None:
@@ -169,7 +170,6 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
 def _placement(settings: Settings, status: NodeStatus, log: logging.Logger) -> Placement:
     from runtime_hook.contract import resource_names
     from runtime_hook.node import cdi_files
-    from runtime_hook.node.host_root import host_path
     from runtime_hook.node.placement_agent import Paths, Placement
 
     def on_host(path: str) -> str:

@@ -106,8 +106,7 @@ class Nvml:
                 mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except lib.NVMLError_NotFound:
                 continue  # no instance in this slot
-            uuid = lib.nvmlDeviceGetUUID(mig)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            uuid = _text(lib.nvmlDeviceGetUUID(mig))
             migs.append(Gpu(uuid, index, lib.nvmlDeviceGetMemoryInfo(mig).total))
         return migs
 
@@ -121,7 +120,7 @@ class Nvml:
                 major, minor = lib.nvmlDeviceGetCudaComputeCapability(handle)
             except lib.NVMLError as exc:
                 raise NvmlError(f"NVML cannot describe GPU {index}: {exc}") from None
-        return (name.decode() if isinstance(name, bytes) else name), (int(major), int(minor))
+        return _text(name), (int(major), int(minor))
 
     def process_utilization(self, index: int, now: float | None = None) -> dict[int, int]:
         """SM utilization in percent of each process busy on GPU ``index``, by host pid.
@@ -212,15 +211,18 @@ class Nvml:
     @staticmethod
     def _gpu(lib: Any, index: int) -> GpuState:
         handle = lib.nvmlDeviceGetHandleByIndex(index)
-        uuid = lib.nvmlDeviceGetUUID(handle)
+        uuid = _text(lib.nvmlDeviceGetUUID(handle))
         memory = lib.nvmlDeviceGetMemoryInfo(handle)
         try:
             utilization: int | None = lib.nvmlDeviceGetUtilizationRates(handle).gpu
         except lib.NVMLError_NotSupported:
             utilization = None
-        if isinstance(uuid, bytes):  # nvidia-ml-py before 11.515 returned bytes
-            uuid = uuid.decode()
         return GpuState(index, uuid, memory.total, memory.used, utilization)
+
+
+def _text(value: str | bytes) -> str:
+    """A string NVML answered: nvidia-ml-py before 11.515 gave bytes."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _load_from_host(host_root: str) -> bool:

@@ -16,11 +16,11 @@ rest of the picture stands.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
 from runtime_hook.node import account, processes, workloads
+from runtime_hook.node.host_root import host_path
 from runtime_hook.node.logs import Problems
 from runtime_hook.node.nvml import GpuState, Nvml, NvmlError
 
@@ -81,9 +81,9 @@ class Observer:
         except NvmlError as exc:
             problems.report("nvml", "NVML", str(exc))
             gpus, utilization, held = [], None, None
-        found = workloads.containers(self._host_root, self._state_dir, problems)
-        found += workloads.commands(self._host_root, self._run_dirs, problems)
-        proc = os.path.join(self._host_root, "proc")  # the host's: NVML gives host pids
+        proc = host_path(self._host_root, "/proc")  # the host's: NVML gives host pids
+        found = workloads.containers(self._host_root, self._state_dir, proc, problems)
+        found += workloads.commands(self._host_root, self._run_dirs, proc, problems)
         namespaces = {w: processes.pid_namespace(w.pid, proc) for w in found}
         by_namespace = processes.index((ns for ns in namespaces.values() if ns is not None), proc)
         host_namespace = processes.pid_namespace(1, proc)

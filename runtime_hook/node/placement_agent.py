@@ -62,9 +62,8 @@ class Placement:
         self._clock = clock
         self.problems = Problems(log, "placement")
         self._present: set[str] = set()
-        self._lister_lock = threading.Lock()
+        self._channel_lock = threading.Lock()
         self._channel: Any = None
-        self._lister: Any = None
         generation = first_generation()
         self._served = {resource: Served(DevicePlugin(resource, Slots(resource, 0, generation),
                                                       self.resolve, paths.cdi_dir, log),
@@ -85,7 +84,7 @@ class Placement:
     def stop(self) -> None:
         for served in self._served.values():
             served.stop()
-        self._close_lister()
+        self._close_channel()
 
     def resolve(self, resource: str, ids: list[str]) -> dict[str, str]:
         """The GPU of each device ID, from the pod that kubelet says holds them."""
@@ -167,28 +166,29 @@ class Placement:
         from runtime_hook.node.protos import load
 
         messages, services = load("podresources")
-        for attempt in (1, 2):
-            with self._lister_lock:
-                if self._lister is None:
+        retried = False
+        while True:
+            with self._channel_lock:
+                if self._channel is None:
                     self._channel = grpc.insecure_channel(f"unix://{self._paths.pod_resources}")
-                    self._lister = services.PodResourcesListerStub(self._channel)
-                lister = self._lister
+                channel = self._channel
             try:
-                return lister.List(messages.ListPodResourcesRequest(), timeout=10)
+                return services.PodResourcesListerStub(channel).List(
+                    messages.ListPodResourcesRequest(), timeout=10)
             except grpc.RpcError as exc:
-                self._close_lister(lister)
-                if attempt == 2:
+                self._close_channel(channel)
+                if retried:
                     raise Refusal(f"kubelet's pod resources API ({self._paths.pod_resources}) "
                                   f"did not answer: {exc.code().name} {exc.details()}") from None
-        raise AssertionError("unreachable")
+                retried = True
 
-    def _close_lister(self, lister: Any = None) -> None:
-        """Close the channel of ``lister`` (None: whichever is open)."""
-        with self._lister_lock:
-            if self._lister is None or (lister is not None and lister is not self._lister):
+    def _close_channel(self, channel: Any = None) -> None:
+        """Close ``channel`` if still the one kept open (None: whichever is open)."""
+        with self._channel_lock:
+            if self._channel is None or (channel is not None and channel is not self._channel):
                 return
             self._channel.close()
-            self._lister = self._channel = None
+            self._channel = None
 
     def _holder(self, resource: str, ids: set[str]) -> tuple[str, str, str] | None:
         for pod in self._pod_resources().pod_resources:

@@ -253,9 +253,10 @@ def _add_import(config: str) -> str:
     """``config`` with a marked line importing the drop-in; RuntimeConfigError if it imports
     other files. An empty ``imports`` line is set aside (commented out, marked) for it."""
     line = f"imports = [{json.dumps(CONTAINERD_DROP_IN)}]  {_MARK}\n"
-    if "imports" in _toml(config):
+    parsed = _toml(config)
+    if "imports" in parsed:
         empty = _EMPTY_IMPORTS.search(config)
-        if _toml(config)["imports"] != [] or empty is None:
+        if parsed["imports"] != [] or empty is None:
             raise RuntimeConfigError(f"{CONTAINERD_CONFIG} has an imports list without "
                                      f"{CONTAINERD_DROP_IN}: add it there, then install again")
         aside = _SET_ASIDE + empty.group(0).rstrip("\n") + "\n"

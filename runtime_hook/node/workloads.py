@@ -22,6 +22,7 @@ from runtime_hook.contract import (
     LimitsFormatError,
     parse_limits,
 )
+from runtime_hook.node.host_root import host_path
 from runtime_hook.node.logs import Problems
 from runtime_hook.node_state import ACCOUNT_DIR, StateDir, process_start_time
 
@@ -49,8 +50,9 @@ class Workload(NamedTuple):
     start_time: int
 
 
-def containers(host_root: str, state_dir: str, problems: Problems) -> list[Workload]:
-    """The running limited containers of the ledger in ``state_dir`` (a path on the host)."""
+def containers(host_root: str, state_dir: str, proc: str, problems: Problems) -> list[Workload]:
+    """The running limited containers of the ledger in ``state_dir`` (a path on the host);
+    ``proc`` is the host's /proc, as this process sees it."""
     state = StateDir(_on_host(host_root, state_dir))
     try:
         names = {n for n in os.listdir(state.containers) if not n.startswith(".")}
@@ -59,7 +61,7 @@ def containers(host_root: str, state_dir: str, problems: Problems) -> list[Workl
     found = []
     for entry in ledger.entries(state):
         names.discard(entry.container_id)
-        if process_start_time(entry.pid, _on_host(host_root, "/proc")) != entry.start_time:
+        if process_start_time(entry.pid, proc) != entry.start_time:
             continue  # ended; its poststop (or the next prestart) releases the record
         record = state.container_dir(entry.container_id)
         found.append(
@@ -80,8 +82,10 @@ def containers(host_root: str, state_dir: str, problems: Problems) -> list[Workl
     return found
 
 
-def commands(host_root: str, directories: list[str], problems: Problems) -> list[Workload]:
-    """The running vcuda-run commands whose private directories are in ``directories``."""
+def commands(host_root: str, directories: list[str], proc: str,
+             problems: Problems) -> list[Workload]:
+    """The running vcuda-run commands whose private directories are in ``directories``;
+    ``proc`` is the host's /proc, as this process sees it."""
     found = []
     accounts: set[str] = set()
     for directory in directories:
@@ -94,7 +98,7 @@ def commands(host_root: str, directories: list[str], problems: Problems) -> list
         for name in names:
             path = os.path.join(base, name)
             try:
-                workload = _command(host_root, path)
+                workload = _command(host_root, path, proc)
             except (OSError, ValueError) as exc:
                 problems.report("vcuda-run", path, str(exc))
                 continue
@@ -105,12 +109,12 @@ def commands(host_root: str, directories: list[str], problems: Problems) -> list
     return found
 
 
-def _command(host_root: str, path: str) -> Workload | None:
+def _command(host_root: str, path: str, proc: str) -> Workload | None:
     owner = _read_small(os.path.join(path, RUN_OWNER_FILE))
     if owner is None:
         return None  # being created, or swept
     pid, start_time = (int(word) for word in owner.split())
-    if process_start_time(pid, _on_host(host_root, "/proc")) != start_time:
+    if process_start_time(pid, proc) != start_time:
         return None  # ended; the next vcuda-run sweeps the directory
     text = _read_small(os.path.join(path, RUN_LIMITS_FILE))
     if text is None:
@@ -148,4 +152,4 @@ def _read_small(path: str) -> bytes | None:
 
 def _on_host(host_root: str, path: str) -> str:
     """``path`` of the host, as this process sees it under ``host_root``."""
-    return os.path.join(host_root, path.lstrip("/"))
+    return host_path(host_root, path)

@@ -78,7 +78,8 @@ class Preparer:
         self._pool = pool
         self._scaling = scaling
         self._gpu_kind = gpu_kind
-        self._state = StateDir(self._here(paths.state_dir))
+        self._state = StateDir(host_path(paths.host_root, paths.state_dir))
+        self._cdi_dir = host_path(paths.host_root, paths.cdi_dir)
 
     def prepare(self, uid: str, claim: Mapping[str, Any]) -> list[Prepared]:
         """Prepare the claim object ``claim`` (its UID must be ``uid``); raise PrepareError."""
@@ -175,7 +176,7 @@ class Preparer:
     # --- paths ------------------------------------------------------------------------------
 
     def _inventory(self) -> dict[str, contract.Gpu]:
-        path = os.path.join(self._here(self._paths.state_dir), contract.INVENTORY_NAME)
+        path = os.path.join(self._state.path, contract.INVENTORY_NAME)
         try:
             inventory = contract.read_inventory(path)
         except contract.InventoryError as exc:
@@ -186,10 +187,7 @@ class Preparer:
         return inventory
 
     def _spec_path(self, uid: str) -> str:
-        return cdi.spec_path(self._here(self._paths.cdi_dir), uid)
-
-    def _here(self, node_path: str) -> str:
-        return host_path(self._paths.host_root, node_path)
+        return cdi.spec_path(self._cdi_dir, uid)
 
 
 _UID_CHARS = frozenset("0123456789abcdefABCDEF-")
