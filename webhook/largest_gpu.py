@@ -41,7 +41,8 @@ def largest_published(items: Iterable[dict[str, Any]]) -> tuple[Largest | None, 
         if value is None:
             continue
         name = str(metadata.get("name", "?"))
-        if not (isinstance(value, str) and value.isascii() and value.isdigit() and int(value) >= MEMORY_UNIT):
+        whole = isinstance(value, str) and value.isascii() and value.isdigit()
+        if not (whole and int(value) >= MEMORY_UNIT):
             malformed.append(name)
         elif best is None or int(value) > best.memory:
             best = Largest(int(value), name)
