@@ -46,12 +46,14 @@ class Binder:
         self._max_age = max_age
         self._clock = clock
 
-    async def bind(self, args: BindingArgs, sent: dict | None = None) -> Assignment:
+    async def bind(self, args: BindingArgs, sent: dict | None = None,
+                   expected: Assignment | None = None) -> Assignment:
         """Record the pod's GPUs in the node's ledger and bind it; raise BindError if not.
 
         ``sent``: the pod as the scheduler sent it to filter, if this process saw it; read from
         the API otherwise. The Binding's preconditions (uid, resourceVersion) refuse it if the
-        pod changed since.
+        pod changed since. ``expected``: the GPUs filter found on this node, taken where they
+        still fit.
         """
         pod_path = f"/api/v1/namespaces/{quote(args.pod_namespace)}/pods/{quote(args.pod_name)}"
         metadata = (sent or {}).get("metadata") or {}
@@ -71,7 +73,7 @@ class Binder:
             await self._bind(args, metadata.get("resourceVersion"), None, pod_path)
             return Assignment(None, ())
         who = f"{args.pod_namespace}/{args.pod_name}"
-        assignment = await self._reserve(args.node, args.pod_uid, who, demand)
+        assignment = await self._reserve(args.node, args.pod_uid, who, demand, expected)
         try:
             await self._bind(args, metadata.get("resourceVersion"), assignment, pod_path)
         except BindError:
@@ -79,7 +81,8 @@ class Binder:
             raise
         return assignment
 
-    async def _reserve(self, node: str, uid: str, who: str, demand: Demand) -> Assignment:
+    async def _reserve(self, node: str, uid: str, who: str, demand: Demand,
+                       expected: Assignment | None) -> Assignment:
         path = f"/api/v1/nodes/{quote(node)}"
         for _ in range(ATTEMPTS):
             stored = await self._read(path, f"node {node}")
@@ -90,7 +93,7 @@ class Binder:
                 return ledger[uid].assignment
             try:
                 view = node_gpus(node, annotations, self._clock(), self._max_age)
-                assignment = place(view, demand, self._strategy).assignment
+                assignment = place(view, demand, self._strategy, expected).assignment
             except Unfit as exc:
                 raise BindError(f"node {node}: {exc.reason}") from None
             ledger[uid] = Entry(who, int(self._clock()), assignment)

@@ -351,8 +351,13 @@ class Placement:
         self.assignment, self.score = assignment, score
 
 
-def place(node: NodeGpus, demand: Demand, strategy: str = "binpack") -> Placement:
-    """Choose the GPUs of ``node`` for ``demand``; raise Unfit with the reason it does not fit."""
+def place(node: NodeGpus, demand: Demand, strategy: str = "binpack",
+          prefer: Assignment | None = None) -> Placement:
+    """Choose the GPUs of ``node`` for ``demand``; raise Unfit with the reason it does not fit.
+
+    ``prefer``: GPUs to take where they still fit (those filter found, for bind: the extender
+    counts a bind in flight there, so a bind that lands elsewhere misleads the next filters).
+    """
     idle = [g for g in node.gpus if g.idle]
     shared: GpuUse | None = None
     if demand.cores:
@@ -363,15 +368,17 @@ def place(node: NodeGpus, demand: Demand, strategy: str = "binpack") -> Placemen
         if not fits:
             raise Unfit(_no_share_reason(node, demand))
         sign = -1 if strategy == "binpack" else 1
-        shared = min(fits, key=lambda g: (sign * g.fill(demand.cores, demand.memory),
-                                          g.gpu.index))
+        wanted = prefer.shared[0] if prefer is not None and prefer.shared else None
+        shared = next((g for g in fits if g.gpu.uuid == wanted), None) or min(
+            fits, key=lambda g: (sign * g.fill(demand.cores, demand.memory), g.gpu.index))
     whole: list[GpuUse] = []
     if demand.whole:
         free = [g for g in idle if g is not shared]
         if len(free) < demand.whole:
             raise Unfit(f"{demand.whole} whole GPU{'s' if demand.whole > 1 else ''} wanted, "
                         f"{len(free)} of {len(node.gpus)} unused")
-        whole = free[:demand.whole]
+        preferred = set(prefer.whole) if prefer is not None else set()
+        whole = sorted(free, key=lambda g: g.gpu.uuid not in preferred)[:demand.whole]
     assignment = Assignment(
         (shared.gpu.uuid, demand.cores, demand.memory) if shared else None,
         tuple(g.gpu.uuid for g in whole))

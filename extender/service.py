@@ -1,12 +1,15 @@
 """The three extender verbs, body to body: filter and prioritize decide from the nodes that the
 scheduler sends; bind decides against the API's current state and writes it.
 
-The only memory kept is of binds this process wrote in the last seconds that the scheduler's
-copy of the nodes may not show yet ("pending"): counting them keeps a burst of pods off room
-already given. Losing it (a restart) costs at most a bind that finds the room taken, and the
-scheduler tries that pod again; it never over-commits, since bind checks the stored ledger.
-Besides, the pods sent to filter are kept until their bind, which then need not read them
-again; one this process did not see (a restart, another replica) is read from the API.
+The only memory kept is of binds this process is making or made in the last seconds that the
+scheduler's copy of the nodes may not show yet ("pending"): counting them keeps a burst of pods
+off room already given. A bind counts from the moment it arrives, with the GPUs filter found
+for its pod on that node, and with the GPUs it wrote once it wrote them: the scheduler filters
+the next pods while earlier binds are still writing. Losing it (a restart) costs at most a bind
+that finds the room taken, and the scheduler tries that pod again; it never over-commits, since
+bind checks the stored ledger. Besides, the pods sent to filter are kept until their bind,
+which then need not read them again; one this process did not see (a restart, another replica)
+is read from the API.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ class Outcome(msgspec.Struct, frozen=True):
     fields: dict
 
 
+class _Sent:
+    """A pod sent to filter, and the GPUs filter found for it on each node it kept."""
+
+    __slots__ = ("gpus", "pod")
+
+    def __init__(self, pod: dict) -> None:
+        self.pod = pod
+        self.gpus: dict[str, Assignment] = {}
+
+
 class Extender:
     """filter, prioritize and bind with one placement strategy."""
 
@@ -63,12 +76,12 @@ class Extender:
         self._max_age = max_age
         self._clock = clock
         self._pending: dict[str, dict[str, tuple[Assignment, float]]] = {}
-        self._sent: OrderedDict[str, dict] = OrderedDict()
+        self._sent: OrderedDict[str, _Sent] = OrderedDict()
 
     def filter(self, body: bytes) -> Outcome:
         """Keep the nodes where the pod fits; raise BadArguments for a malformed body."""
         args = parse_args(body)
-        self._see(args.pod)
+        sent = self._see(args.pod)
         kept: list[msgspec.Raw] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -81,7 +94,7 @@ class Extender:
         for node, raw in zip(args.nodes, args.raw_nodes):
             name = node.metadata.name
             try:
-                self._place(args, name, node.metadata.annotations, demand)
+                found = self._place(args, name, node.metadata.annotations, demand)
             except Unfit as exc:
                 if exc.cause:
                     unresolvable[name] = exc.reason
@@ -90,6 +103,8 @@ class Extender:
                     failed[name] = exc.reason
             else:
                 kept.append(raw)
+                if sent is not None:
+                    sent.gpus[name] = found.assignment
         return self._filtered(args, kept, failed, unresolvable)
 
     def prioritize(self, body: bytes) -> Outcome:
@@ -116,13 +131,21 @@ class Extender:
         """Bind the pod; raise BadArguments for a malformed body."""
         args = parse_binding(body)
         who = f"{args.pod_namespace}/{args.pod_name}"
+        sent = self._sent.pop(args.pod_uid, None)
+        expected = sent.gpus.get(args.node) if sent is not None else None
+        if expected is not None and expected.gpus():  # counted while the bind writes
+            self._remember(args.node, args.pod_uid, expected)
         try:
-            assignment = await self._binder.bind(args, self._sent.pop(args.pod_uid, None))
+            assignment = await self._binder.bind(args, sent.pod if sent is not None else None,
+                                                 expected)
         except BindError as exc:
+            self._drop(args.node, args.pod_uid)
             return Outcome(binding_result(str(exc)), "bind_failed",
                            {"pod": who, "node": args.node, "error": str(exc)})
         if assignment.gpus():
             self._remember(args.node, args.pod_uid, assignment)
+        else:
+            self._drop(args.node, args.pod_uid)
         return Outcome(binding_result(), "bound",
                        {"pod": who, "node": args.node, "gpus": list(assignment.gpus())})
 
@@ -140,17 +163,25 @@ class Extender:
         return placement(name, annotations, demand, self._strategy, now, self._max_age, extra,
                          ignore=uid)
 
-    def _see(self, pod: dict) -> None:
+    def _see(self, pod: dict) -> _Sent | None:
         """Keep the pod filter was sent, for its bind (which names it only)."""
         uid = (pod.get("metadata") or {}).get("uid")
-        if isinstance(uid, str) and uid:
-            self._sent[uid] = pod
-            self._sent.move_to_end(uid)
-            if len(self._sent) > SENT_PODS:
-                self._sent.popitem(last=False)
+        if not isinstance(uid, str) or not uid:
+            return None
+        sent = self._sent[uid] = _Sent(pod)
+        self._sent.move_to_end(uid)
+        if len(self._sent) > SENT_PODS:
+            self._sent.popitem(last=False)
+        return sent
 
     def _remember(self, node: str, uid: str, assignment: Assignment) -> None:
         self._pending.setdefault(node, {})[uid] = (assignment, self._clock())
+
+    def _drop(self, node: str, uid: str) -> None:
+        """Stop counting a bind that wrote nothing."""
+        pending = self._pending.get(node)
+        if pending is not None and pending.pop(uid, None) is not None and not pending:
+            del self._pending[node]
 
     def _forget(self, node: str, pending: dict, now: float, seen: Collection[str],
                 heartbeat: float | None) -> None:

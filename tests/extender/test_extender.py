@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
 from extender.server import main as extender_main
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LEDGER_ANNOTATION
-from runtime_hook.placement import decode_assignment, decode_ledger
+from runtime_hook.placement import (
+    Assignment,
+    Entry,
+    decode_assignment,
+    decode_ledger,
+    encode_ledger,
+)
 from tests.extender.cluster import (
     GIB,
     NOW,
@@ -135,6 +142,50 @@ def test_a_concurrent_bind_on_the_same_node_makes_the_ledger_write_retry_and_see
     assert error.startswith("node n: no GPU has 60% and 10 GiB free")
     ledger = decode_ledger(stored_node(api, "n")["metadata"]["annotations"][LEDGER_ANNOTATION])
     assert set(ledger) == {theirs["metadata"]["uid"]}
+
+
+def test_a_pod_filtered_while_a_bind_is_writing_counts_the_room_that_bind_takes(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    node = add(api, node_object("n", [16 * GIB]))[0]  # the scheduler's copy: no ledger yet
+    first, second = add(api, pod_object("a", 60, 10), pod_object("b", 60, 10))
+    extender.verb("/filter", extender_args(stored_pod(api, first), [node]))
+    next_pod = stored_pod(api, second)  # read now: the held write holds the API's lock
+    writing, written = threading.Event(), threading.Event()
+
+    def hold_the_ledger_write(path: str) -> None:
+        if path == "/api/v1/nodes/n":
+            writing.set()
+            written.wait(10)
+
+    api.before_write = hold_the_ledger_write
+    errors: list[str] = []
+    binding = threading.Thread(target=lambda: errors.append(bind(extender, first, "n")))
+    binding.start()
+    try:
+        assert writing.wait(10)
+        answer = extender.verb("/filter", extender_args(next_pod, [node]))
+    finally:
+        written.set()
+        binding.join()
+    assert answer["FailedNodes"] == {"n": "no GPU has 60% and 10 GiB free (GPU 0 has 40% and "
+                                          "6 GiB free, the closest)"}
+    assert errors == [""]
+
+
+def test_bind_takes_the_gpu_filter_found_while_it_still_fits(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    node = add(api, node_object("n", [16 * GIB, 16 * GIB]))[0]
+    pod = add(api, pod_object("a", 10, 1))[0]
+    kept = extender.verb("/filter", extender_args(stored_pod(api, pod), [node]))
+    assert [n["metadata"]["name"] for n in kept["Nodes"]["items"]] == ["n"]  # on GPU 0
+    # Meanwhile another replica bound a pod on GPU 1: binpack alone would now pick GPU 1.
+    other = Entry("team/other", int(NOW), Assignment((gpu_uuid("n", 1), 30, 2 * GIB), ()))
+    node["metadata"]["annotations"][LEDGER_ANNOTATION] = encode_ledger({"other-uid": other})
+    add(api, node)
+    assert bind(extender, pod, "n") == ""
+    assignment = decode_assignment(stored_pod(api, pod)["metadata"]["annotations"][
+        ASSIGNMENT_ANNOTATION])
+    assert assignment.shared == (gpu_uuid("n", 0), 10, GIB)
 
 
 def test_a_pod_replaced_under_the_same_name_is_not_bound(

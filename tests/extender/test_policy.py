@@ -104,6 +104,20 @@ def test_binpack_takes_the_fullest_gpu_that_fits_and_spread_the_emptiest() -> No
     assert place(node, demand, "spread").assignment.shared[0] == gpu_uuid("n1", 0)
 
 
+def test_the_gpus_preferred_are_taken_where_they_still_fit_and_the_strategy_decides_else(
+        ) -> None:
+    node = view([16 * GIB] * 4, {"a": shared_on(1, 50, 4), "b": Assignment(None, (
+        gpu_uuid("n1", 2),))})
+    demand = Demand(30, 2 * GIB, 1)
+    preferred = Assignment((gpu_uuid("n1", 0), 30, 2 * GIB), (gpu_uuid("n1", 3),))
+    assert place(node, demand, "binpack").assignment != preferred  # binpack: GPUs 1 and 0
+    assert place(node, demand, "binpack", preferred).assignment == preferred
+    # 60% no longer fits on GPU 1, and GPU 2 is given whole: binpack's choice, as without.
+    taken = Assignment((gpu_uuid("n1", 1), 60, 2 * GIB), (gpu_uuid("n1", 2),))
+    assert place(node, Demand(60, 2 * GIB, 1), "binpack", taken).assignment == Assignment(
+        (gpu_uuid("n1", 0), 60, 2 * GIB), (gpu_uuid("n1", 3),))
+
+
 def test_binpack_scores_a_fuller_node_higher_and_spread_lower() -> None:
     empty, busy = view([16 * GIB] * 2), view([16 * GIB] * 2, {"a": shared_on(0, 50, 8)})
     demand = Demand(20, 4 * GIB, 0)
