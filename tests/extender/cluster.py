@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import queue
 import socket
 import ssl
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 CORE_KEYS = ("docker.com/vcuda-core", "tencent.com/vcuda-core")
 NOW = 1_800_000_000.0
+IDLE_SECONDS = 5.0  # a kept-alive connection idle longer is not reused (the server's limit: 10)
 
 
 def gpu_uuid(node: str, index: int) -> str:
@@ -103,6 +106,9 @@ class ExtenderClient:
 
     def __init__(self) -> None:
         self._local = threading.local()
+        # Connections of sent() between two requests, and since when (monotonic seconds).
+        self._idle: queue.SimpleQueue[tuple[http.client.HTTPConnection, float]] = \
+            queue.SimpleQueue()
 
     def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         """POST ``body`` on a connection kept per calling thread, as kube-scheduler keeps one;
@@ -122,6 +128,39 @@ class ExtenderClient:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def sent(self, path: str, body: bytes) -> Callable[[], bytes]:
+        """POST ``body`` now, on a kept-alive connection of a pool, and return what waits for
+        the answer's body (an AssertionError unless 200): as kube-scheduler's binding cycle
+        sends its bind at once, and the next scheduling cycle goes on meanwhile."""
+        connection = None
+        while connection is None:
+            try:
+                connection, since = self._idle.get_nowait()
+            except queue.Empty:
+                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            else:
+                if time.monotonic() - since > IDLE_SECONDS:
+                    connection.close()
+                    connection = None
+        try:
+            connection.request("POST", path, body, {"Content-Type": "application/json"})
+        except (http.client.HTTPException, OSError):  # closed by the server meanwhile
+            connection.close()
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            connection.request("POST", path, body, {"Content-Type": "application/json"})
+
+        def answer() -> bytes:
+            try:
+                response = connection.getresponse()
+                payload = response.read()
+            except BaseException:
+                connection.close()
+                raise
+            self._idle.put((connection, time.monotonic()))
+            assert response.status == 200, payload
+            return payload
+        return answer
 
     def verb(self, path: str, body: bytes) -> Any:
         return json.loads(self.answer(path, body))
@@ -185,6 +224,10 @@ class ExtenderProcess(ExtenderClient):
                 self.stop()
                 raise RuntimeError(f"the extender did not start; its log: {log_file}")
             time.sleep(0.05)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
 
     def _ready(self) -> bool:
         try:

@@ -16,19 +16,28 @@ from tests.fake_cluster_api import FakeClusterApi
 from tests.node.fake_kubelet import FakeKubelet
 
 
-class GpuNode:
-    """A node named ``name`` with GPUs of ``memories`` bytes, under ``root``."""
+def register(api: FakeClusterApi, name: str) -> None:
+    """The Node object of ``name``, as kubelet creates it when the node joins."""
+    api.put(f"/api/v1/nodes/{name}", {"apiVersion": "v1", "kind": "Node",
+                                      "metadata": {"name": name}, "spec": {}, "status": {}})
 
-    def __init__(self, api: FakeClusterApi, root: Path, name: str, memories: list[int],
-                 kubeconfig: str, log: logging.Logger,
-                 clock: Callable[[], float] = time.time, ledger_grace: float = 60.0) -> None:
+
+def gpus(name: str, memories: list[int]) -> list[Gpu]:
+    """The GPUs of node ``name``, of ``memories`` bytes each."""
+    return [Gpu(gpu_uuid(name, i), i, memory) for i, memory in enumerate(memories)]
+
+
+class GpuNode:
+    """A node named ``name`` with GPUs of ``memories`` bytes, under ``root``; its Node object is
+    in the API already (:func:`register`)."""
+
+    def __init__(self, root: Path, name: str, memories: list[int], kubeconfig: str,
+                 log: logging.Logger, clock: Callable[[], float] = time.time,
+                 ledger_grace: float = 60.0) -> None:
         self.name = name
-        self.gpus = [Gpu(gpu_uuid(name, i), i, memory) for i, memory in enumerate(memories)]
+        self.gpus = gpus(name, memories)
         self._kubeconfig, self._log, self._clock = kubeconfig, log, clock
         self._ledger_grace = ledger_grace
-        api.put(f"/api/v1/nodes/{name}", {"apiVersion": "v1", "kind": "Node",
-                                          "metadata": {"name": name}, "spec": {},
-                                          "status": {}})
         root.mkdir(parents=True, exist_ok=True)
         self.paths = Paths(str(root / "plugins"), str(root / "cdi"),
                            str(root / "pod-resources" / "kubelet.sock"))

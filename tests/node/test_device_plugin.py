@@ -15,7 +15,7 @@ from runtime_hook.placement import decode_inventory, decode_ledger
 from tests.extender.cluster import GIB, RunningExtender, binding_args, gpu_uuid, pod_object
 from tests.fake_cluster_api import FakeClusterApi, running
 from tests.node.fake_kubelet import StartError
-from tests.node.gpu_node import GpuNode
+from tests.node.gpu_node import GpuNode, register
 
 NODE = "gpu-1"
 
@@ -30,7 +30,8 @@ def api(tmp_path: Path) -> Iterator[FakeClusterApi]:
 def node(api: FakeClusterApi, tmp_path: Path) -> Iterator[GpuNode]:
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(api.kubeconfig())
-    gpu_node = GpuNode(api, tmp_path / NODE, NODE, [16 * GIB, 16 * GIB], str(kubeconfig),
+    register(api, NODE)
+    gpu_node = GpuNode(tmp_path / NODE, NODE, [16 * GIB, 16 * GIB], str(kubeconfig),
                        logging.getLogger("test"))
     gpu_node.ready()
     yield gpu_node

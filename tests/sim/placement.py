@@ -4,13 +4,17 @@
 - The scheduler: a driver that does what kube-scheduler does with an extender configured
   ``nodeCacheCapable: false``: one scheduling cycle at a time, ExtenderArgs with the nodes of
   its cache (refreshed from the API as an informer would), ``/filter`` then ``/prioritize``
-  over HTTP, the best score wins, and ``/bind`` (ExtenderBindingArgs) runs asynchronously as
-  the binding cycle does; a failed bind sends the pod back to the queue. Cycles alternate
-  between two extender replicas, each its own ``vcuda-scheduler-extender`` process (one
-  cycle's three calls go to one, as a scheduler calls its own), and their binds overlap.
+  over HTTP, the best score wins, and ``/bind`` (ExtenderBindingArgs) is sent at once and
+  answered asynchronously, as the binding cycle does; a failed bind sends the pod back to the
+  queue. Two extender replicas, each its own ``vcuda-scheduler-extender`` process: as shipped,
+  each scheduler replica calls the extender beside it on 127.0.0.1 and only the leader
+  schedules, so the cycles go to one replica; the leadership moves to the other every
+  ``leader_cycles`` cycles, far more often than in a cluster, while the old leader's binds are
+  still in flight: the two replicas' binds overlap at every change.
 - The nodes: each one runs the node agent's placement part and a fake kubelet that drives
   vcuda's device plugin over its gRPC sockets (Allocate, PreStartContainer, pod resources,
-  CDI resolution) for every container that asks for vcuda's resources.
+  CDI resolution) for every container that asks for vcuda's resources; all of them in one
+  process apart (tests/sim/nodes.py), as nodes are machines apart from the control plane.
 
 Pods come in bursts, run, and are deleted; an extender replica and some node agents are
 restarted mid-run. :func:`run` returns a :class:`Report` of what the issue asks to see.
@@ -19,13 +23,13 @@ restarted mid-run. :func:`run` returns a :class:`Report` of what the issue asks 
 from __future__ import annotations
 
 import json
-import logging
+import os
 import random
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,10 +43,15 @@ from runtime_hook.placement import Assignment, decode_assignment
 from tests.extender.cluster import CORE_KEYS, GIB, ExtenderProcess, binding_args, pod_object
 from tests.fake_cluster_api import FakeClusterApi, running
 from tests.node.fake_kubelet import StartError
-from tests.node.gpu_node import GpuNode
+from tests.node.gpu_node import gpus, register
+from tests.sim import nodes
 
+# The simulation's processes: the API and scheduler stand-ins (this one), the nodes, and the
+# two extender replicas (filter, prioritize and bind), for what each costs per pod.
+PARTS = ("api_and_scheduler", "nodes", "extenders")
 MAX_AGE = 3600.0  # the agents publish every pass; staleness is tested elsewhere
 LEDGER_GRACE = 2.0  # seconds a ledger line waits for its pod (a minute on a real node)
+BINDS_IN_FLIGHT = 16
 
 
 @dataclass
@@ -61,6 +70,7 @@ class Scenario:
     agent_every: float = 0.5  # seconds between node agent passes
     restart_extender_at: float = 0.4  # of the creates made, an extender replica restarts
     restart_agents_at: float = 0.6  # ... and a tenth of the node agents restart
+    leader_cycles: int = 20  # scheduling cycles between two changes of leader
 
 
 @dataclass
@@ -81,11 +91,27 @@ class Report:
     errors: list[str] = field(default_factory=list)  # what went wrong in the simulation itself
     seconds: float = 0.0
     placing_seconds: float = 0.0  # time the queue held pods that some node could take
+    # CPU seconds each part used meanwhile (user + system, all its threads), by PARTS.
+    placing_cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
     largest_free_gib: float = 0.0  # mean over nodes of the largest free block, at the end
     idle_gpus: int = 0  # GPUs with nothing on them, at the end
 
     def rate(self) -> float:
+        """Pods started per second of placing: from a burst's creation until its last pod that
+        some node could take has its containers started on their GPUs (or it waits for room),
+        the pauses between bursts left out."""
         return self.started / self.placing_seconds if self.placing_seconds else 0.0
+
+    def extender_rate(self) -> float:
+        """Pods the extenders placed (filter, prioritize, bind, retries too) per CPU second:
+        what one core given to the extender would sustain."""
+        seconds = self.placing_cpu["extenders"]
+        return self.started / seconds if seconds else 0.0
+
+    def cpu_per_pod(self) -> dict[str, float]:
+        """Milliseconds of CPU each part spent per pod started, while placing."""
+        return {part: round(1000 * seconds / self.started, 1) if self.started else 0.0
+                for part, seconds in self.placing_cpu.items()}
 
     def summary(self) -> dict[str, Any]:
         return {"created": self.created, "started": self.started, "deleted": self.deleted,
@@ -98,6 +124,8 @@ class Report:
                 "never_placed": self.never_placed, "bind_failures": self.bind_failures,
                 "simulation_errors": len(self.errors),
                 "seconds": round(self.seconds, 1), "pods_per_second": round(self.rate(), 1),
+                "cpu_ms_per_pod": self.cpu_per_pod(),
+                "extender_pods_per_cpu_second": round(self.extender_rate(), 1),
                 "mean_largest_free_block_gib": round(self.largest_free_gib, 2),
                 "idle_gpus": self.idle_gpus}
 
@@ -114,23 +142,18 @@ class _Running:
 class Simulation:
     """One run of a :class:`Scenario` in ``root``."""
 
-    def __init__(self, scenario: Scenario, api: FakeClusterApi, root: Path) -> None:
+    def __init__(self, scenario: Scenario, api: FakeClusterApi, root: Path, host: Any,
+                 host_pid: int) -> None:
+        """``host``: the :class:`~tests.sim.nodes.NodeHost` of the nodes of :func:`memories`,
+        in the process ``host_pid``."""
         self.s = scenario
         self.api = api
         self.root = root
         self.report = Report()
         self._random = random.Random(scenario.seed)
-        self._log = logging.getLogger("placement-sim")
-        kubeconfig = root / "kubeconfig"
-        kubeconfig.write_text(api.kubeconfig())
-        self.nodes = {}
-        for index in range(scenario.nodes):
-            name = f"gpu-{index:03d}"
-            size = scenario.gpu_sizes[index % 2]
-            self.nodes[name] = GpuNode(api, root / name, name, [size] * scenario.gpus_per_node,
-                                       str(kubeconfig), self._log, ledger_grace=LEDGER_GRACE)
-        for node in self.nodes.values():
-            node.ready()
+        self.host = host
+        self._host_pid = host_pid
+        self.nodes = memories(scenario)
         self.extenders = [self._extender(i) for i in range(2)]
         self._turn = 0
         self._lock = threading.Lock()
@@ -138,10 +161,10 @@ class Simulation:
         self._unschedulable: list[dict[str, Any]] = []
         self._running: dict[str, _Running] = {}
         self._in_flight = 0
+        self._bind_slots = threading.BoundedSemaphore(BINDS_IN_FLIGHT)
         self._node_json: dict[str, bytes] = {}
         self._node_versions: dict[str, str] = {}
         self._node_json_at = 0.0
-        self._stop = threading.Event()
 
     def _extender(self, index: int) -> ExtenderProcess:
         return ExtenderProcess(self.root / "kubeconfig", self.root / f"extender-{index}.log",
@@ -150,9 +173,7 @@ class Simulation:
     # --- the run ----------------------------------------------------------------------------
 
     def run(self) -> Report:
-        agents = threading.Thread(target=self._agents, daemon=True)
-        agents.start()
-        binds = ThreadPoolExecutor(max_workers=16)
+        binds = ThreadPoolExecutor(max_workers=BINDS_IN_FLIGHT)
         started = time.monotonic()
         restarted_extender = restarted_agents = False
         try:
@@ -166,8 +187,7 @@ class Simulation:
                     self._restart_extender(0)
                     restarted_extender = True
                 if not restarted_agents and done >= self.s.restart_agents_at:
-                    for node in list(self.nodes.values())[::10]:
-                        node.restart_agent()
+                    self.host.restart_agents(list(self.nodes)[::10])
                     restarted_agents = True
                 self.check()
                 self._delete_some()
@@ -178,9 +198,7 @@ class Simulation:
             self._schedule_until_settled(binds)
             self.check()
         finally:
-            self._stop.set()
             binds.shutdown(wait=True)
-            agents.join()
         self.report.seconds = time.monotonic() - started
         self._final_checks()
         return self.report
@@ -188,13 +206,6 @@ class Simulation:
     def close(self) -> None:
         for extender in self.extenders:
             extender.stop()
-        for node in self.nodes.values():
-            node.stop()
-
-    def _agents(self) -> None:
-        while not self._stop.wait(self.s.agent_every):
-            for node in self.nodes.values():
-                node.agent_pass()
 
     def _restart_extender(self, index: int) -> None:
         self.extenders[index].stop()
@@ -228,7 +239,7 @@ class Simulation:
             metadata = gone.pod["metadata"]
             self.api.remove(f"/api/v1/namespaces/{metadata['namespace']}/pods/"
                             f"{metadata['name']}")
-            self.nodes[gone.node].kubelet.remove(metadata["namespace"], metadata["name"])
+            self.host.remove_pod(gone.node, metadata["namespace"], metadata["name"])
             self.report.deleted += 1
         with self._lock:  # room came back: the scheduler tries its unschedulable pods again
             self._queue.extend(self._unschedulable)
@@ -241,9 +252,11 @@ class Simulation:
         get two more tries, one agent pass apart (pruned ledgers may have freed room)."""
         idle_rounds = 0
         while True:
-            began, before = time.monotonic(), self.report.started
+            began, before, cpu = time.monotonic(), self.report.started, self._cpu()
             self._drain(binds)
             self.report.placing_seconds += time.monotonic() - began
+            for part, seconds in self._cpu().items():
+                self.report.placing_cpu[part] += seconds - cpu[part]
             with self._lock:
                 waiting = bool(self._unschedulable)
             if not waiting:
@@ -269,7 +282,7 @@ class Simulation:
                 return
 
     def _cycle(self, pod: dict[str, Any], binds: ThreadPoolExecutor) -> None:
-        extender = self.extenders[self._turn % 2]
+        extender = self.extenders[self._turn // self.s.leader_cycles % 2]
         self._turn += 1
         pod_json = msgspec.json.encode(pod)
         nodes = self._cached_nodes()
@@ -284,9 +297,16 @@ class Simulation:
         best = max(s.score for s in scores)
         choice = self._random.choice([s.host for s in scores if s.score == best])
         assert choice in names
+        self._bind_slots.acquire()
+        try:
+            answered = extender.sent("/bind", binding_args(pod, choice))
+        except Exception as exc:  # the report shows it; the pod is lost
+            self._bind_slots.release()
+            self.report.errors.append(f"bind {pod['metadata']['name']}: {exc!r}")
+            return
         with self._lock:
             self._in_flight += 1
-        binds.submit(self._bind, pod, choice, extender)
+        binds.submit(self._bind, pod, answered, choice)
 
     def _cached_nodes(self) -> dict[str, bytes]:
         """The scheduler's informer cache of the nodes, a little behind the API, as JSON; a
@@ -304,14 +324,22 @@ class Simulation:
             self._node_json_at = now
         return self._node_json
 
-    def _bind(self, pod: dict[str, Any], node: str, extender: ExtenderProcess) -> None:
+    def _cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by each of PARTS (the extenders: the current two)."""
+        pids = {"api_and_scheduler": [os.getpid()], "nodes": [self._host_pid],
+                "extenders": [extender.pid for extender in self.extenders]}
+        return {part: sum(_cpu_seconds(pid) for pid in pids[part]) for part in PARTS}
+
+    def _bind(self, pod: dict[str, Any], answered: Callable[[], bytes], node: str) -> None:
         try:
-            answer = json.loads(extender.answer("/bind", binding_args(pod, node)))
+            answer = json.loads(answered())
         except Exception as exc:  # the report shows it; the pod is lost
             self.report.errors.append(f"bind {pod['metadata']['name']}: {exc!r}")
             with self._lock:
                 self._in_flight -= 1
             return
+        finally:
+            self._bind_slots.release()
         try:
             if answer.get("Error"):
                 with self._lock:
@@ -333,20 +361,16 @@ class Simulation:
         stored = self.api.get(f"/api/v1/namespaces/{metadata['namespace']}/pods/"
                               f"{metadata['name']}")
         assignment = decode_assignment(stored["metadata"]["annotations"][ASSIGNMENT_ANNOTATION])
-        kubelet = self.nodes[node].kubelet
         who = f"{metadata['name']} on {node}"
         try:
-            kubelet.admit(stored)
-            for container in stored["spec"]["containers"]:
-                got = kubelet.start_container(metadata["namespace"], metadata["name"],
-                                              container["name"])
-                wanted = _wanted(container["name"], assignment)
-                if wanted is not None and sorted(got) != sorted(wanted):
-                    self.report.wrong_gpu.append(f"{who}/{container['name']}: got {got}, "
-                                                 f"bound to {wanted}")
+            started = self.host.start_pod(node, stored)
         except StartError as exc:
             self.report.refused_at_start.append(f"{who}: {exc}")
             return
+        for container, got in started.items():
+            wanted = _wanted(container, assignment)
+            if wanted is not None and sorted(got) != sorted(wanted):
+                self.report.wrong_gpu.append(f"{who}/{container}: got {got}, bound to {wanted}")
         with self._lock:
             self._running[metadata["uid"]] = _Running(stored, node, assignment)
             self.report.started += 1
@@ -359,7 +383,8 @@ class Simulation:
             running = list(self._running.values())
         use: dict[str, list[int]] = {}
         whole: dict[str, int] = {}
-        size = {gpu.uuid: gpu.memory for node in self.nodes.values() for gpu in node.gpus}
+        size = {gpu.uuid: gpu.memory for name, sizes in self.nodes.items()
+                for gpu in gpus(name, sizes)}
         for item in running:
             if item.assignment.shared:
                 uuid, cores, memory = item.assignment.shared
@@ -390,8 +415,7 @@ class Simulation:
     def _settle_ledgers(self) -> None:
         """Let every agent prune the lines of pods deleted last (after the ledger's grace)."""
         time.sleep(LEDGER_GRACE + 0.1)
-        for node in self.nodes.values():
-            node.agent_pass()
+        self.host.pass_all()
         with self._lock:
             self._queue.extend(self._unschedulable)
             self._unschedulable.clear()
@@ -448,6 +472,16 @@ def _envelope(pod_json: bytes, nodes_json: Iterable[bytes]) -> bytes:
             + b",".join(nodes_json) + b']},"NodeNames":null}')
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads, ended ones too)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as source:
+        fields = source.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def _wanted(container: str, assignment: Assignment) -> list[str] | None:
     if container == "share":
         return [assignment.shared[0]] if assignment.shared else []
@@ -464,13 +498,25 @@ def _fits(view: NodeGpus, demand: Demand) -> bool:
     return True
 
 
+def memories(scenario: Scenario) -> dict[str, list[int]]:
+    """The nodes' names and their GPUs' sizes: half the nodes of each size."""
+    return {f"gpu-{index:03d}": [scenario.gpu_sizes[index % 2]] * scenario.gpus_per_node
+            for index in range(scenario.nodes)}
+
+
 def run(scenario: Scenario) -> Report:
     """Run ``scenario`` in a scratch folder and return its report."""
     with tempfile.TemporaryDirectory(prefix="vcuda-placement-sim-") as scratch:
         root = Path(scratch)
         with running(root) as api:
-            simulation = Simulation(scenario, api, root)
-            try:
-                return simulation.run()
-            finally:
-                simulation.close()
+            kubeconfig = root / "kubeconfig"
+            kubeconfig.write_text(api.kubeconfig())
+            for name in memories(scenario):
+                register(api, name)
+            with nodes.started(root, kubeconfig, memories(scenario), LEDGER_GRACE,
+                               scenario.agent_every) as (host, host_pid):
+                simulation = Simulation(scenario, api, root, host, host_pid)
+                try:
+                    return simulation.run()
+                finally:
+                    simulation.close()

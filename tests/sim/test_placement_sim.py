@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.sim.placement import Report, Scenario, run
+from tests.sim.placement import PARTS, Report, Scenario, run
 
 
 def test_a_small_cluster_with_restarts_places_every_pod_on_a_gpu_that_holds_it() -> None:
@@ -16,3 +16,4 @@ def test_a_small_cluster_with_restarts_places_every_pod_on_a_gpu_that_holds_it()
     assert report.unschedulable_but_fit == []
     assert report.deleted > 0
     assert report.errors == []
+    assert all(report.placing_cpu[part] > 0 for part in PARTS)  # each process was measured
