@@ -14,6 +14,7 @@ is read from the API.
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection
@@ -44,6 +45,10 @@ PENDING_SECONDS = 30.0
 # Heartbeats are whole seconds: a copy published this much after a bind was written after it.
 _HEARTBEAT_SLACK = 1.0
 SENT_PODS = 4096  # pods filtered and not bound yet, kept for their bind (newest)
+# Nodes per pod whose GPUs filter found are kept for its bind: the best scored, where the
+# scheduler's choice falls; a bind elsewhere is counted once written. Bounds the memory at
+# SENT_PODS times this, whatever the cluster's size.
+EXPECTED_NODES = 16
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -55,7 +60,7 @@ class Outcome(msgspec.Struct, frozen=True):
 
 
 class _Sent:
-    """A pod sent to filter, and the GPUs filter found for it on each node it kept."""
+    """A pod sent to filter, and the GPUs filter found for it on the best nodes it kept."""
 
     __slots__ = ("gpus", "pod")
 
@@ -83,6 +88,7 @@ class Extender:
         args = parse_args(body)
         sent = self._see(args.pod)
         kept: list[msgspec.Raw] = []
+        found: list[tuple[int, str, Assignment]] = []  # score, node, GPUs of the kept nodes
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         try:
@@ -94,7 +100,7 @@ class Extender:
         for node, raw in zip(args.nodes, args.raw_nodes):
             name = node.metadata.name
             try:
-                found = self._place(args, name, node.metadata.annotations, demand)
+                placed = self._place(args, name, node.metadata.annotations, demand)
             except Unfit as exc:
                 if exc.cause:
                     unresolvable[name] = exc.reason
@@ -103,8 +109,10 @@ class Extender:
                     failed[name] = exc.reason
             else:
                 kept.append(raw)
-                if sent is not None:
-                    sent.gpus[name] = found.assignment
+                found.append((placed.score, name, placed.assignment))
+        if sent is not None:
+            sent.gpus = {name: gpus for _, name, gpus in heapq.nlargest(
+                EXPECTED_NODES, found, key=lambda item: item[0])}
         return self._filtered(args, kept, failed, unresolvable)
 
     def prioritize(self, body: bytes) -> Outcome:

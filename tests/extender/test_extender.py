@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from extender.server import main as extender_main
+from extender.service import EXPECTED_NODES
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LEDGER_ANNOTATION
 from runtime_hook.placement import (
     Assignment,
@@ -170,6 +171,37 @@ def test_a_pod_filtered_while_a_bind_is_writing_counts_the_room_that_bind_takes(
     assert answer["FailedNodes"] == {"n": "no GPU has 60% and 10 GiB free (GPU 0 has 40% and "
                                           "6 GiB free, the closest)"}
     assert errors == [""]
+
+
+def test_a_bind_on_a_node_outside_the_best_scored_ones_counts_only_once_written(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    busy = node_object("busy", [16 * GIB], annotations={LEDGER_ANNOTATION: encode_ledger({
+        "other-uid": Entry("team/other", int(NOW), Assignment((gpu_uuid("busy", 0), 30, GIB),
+                                                             ()))})})
+    empty = [node_object(f"e{i:02d}", [16 * GIB]) for i in range(EXPECTED_NODES)]
+    nodes = add(api, busy, *empty)  # binpack scores busy first: the last empty one is 17th
+    first, second = add(api, pod_object("a", 60, 10), pod_object("b", 60, 10))
+    extender.verb("/filter", extender_args(stored_pod(api, first), nodes))
+    next_pod = stored_pod(api, second)
+    writing, written = threading.Event(), threading.Event()
+
+    def hold_the_ledger_write(path: str) -> None:
+        if path == f"/api/v1/nodes/{empty[-1]['metadata']['name']}":
+            writing.set()
+            written.wait(10)
+
+    api.before_write = hold_the_ledger_write
+    binding = threading.Thread(target=bind, args=(extender, first, empty[-1]["metadata"][
+        "name"]))
+    binding.start()
+    try:
+        assert writing.wait(10)
+        answer = extender.verb("/filter", extender_args(next_pod, nodes))
+    finally:
+        written.set()
+        binding.join()
+    kept = [n["metadata"]["name"] for n in answer["Nodes"]["items"]]
+    assert kept == [n["metadata"]["name"] for n in nodes]  # the last one too: a not counted
 
 
 def test_bind_takes_the_gpu_filter_found_while_it_still_fits(
