@@ -14,14 +14,22 @@ from urllib.parse import quote
 
 from extender.errors import ExtenderError
 from extender.metrics import Metrics
-from extender.policy import Demand, DemandError, Unfit, node_gpus, place, pod_demand
+from extender.policy import (
+    Demand,
+    DemandError,
+    Unfit,
+    ledger_entries,
+    node_gpus,
+    place,
+    pod_demand,
+    wrote_ledger,
+)
 from extender.wire import BindingArgs
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LEDGER_ANNOTATION
 from runtime_hook.placement import (
     Assignment,
     Entry,
     PlacementError,
-    decode_ledger,
     encode_assignment,
     encode_ledger,
 )
@@ -112,7 +120,8 @@ class Binder:
                 return  # the node agent prunes lines of pods that never came
             metadata = stored.get("metadata") or {}
             try:
-                ledger = decode_ledger((metadata.get("annotations") or {}).get(LEDGER_ANNOTATION))
+                ledger = dict(ledger_entries(
+                    (metadata.get("annotations") or {}).get(LEDGER_ANNOTATION)))
             except PlacementError:
                 return
             if ledger.pop(uid, None) is None:
@@ -126,8 +135,8 @@ class Binder:
     async def _write_ledger(self, path: str, version: str | None,
                             ledger: dict[str, Entry]) -> bool:
         """Write ``ledger`` if the node is still at ``version``; False on a conflict."""
-        body = {"metadata": {"resourceVersion": version,
-                             "annotations": {LEDGER_ANNOTATION: encode_ledger(ledger)}}}
+        text = encode_ledger(ledger)
+        body = {"metadata": {"resourceVersion": version, "annotations": {LEDGER_ANNOTATION: text}}}
         try:
             await self._kube.merge_patch(path, body)
         except KubeError as exc:
@@ -135,6 +144,7 @@ class Binder:
                 return False
             raise BindError(f"cannot write the GPU ledger of {path.rsplit('/', 1)[-1]}: "
                             f"{exc.message}") from None
+        wrote_ledger(text, ledger)
         return True
 
     async def _bind(self, args: BindingArgs, version: str | None,
@@ -182,7 +192,7 @@ class Binder:
     @staticmethod
     def _ledger(annotations: dict, node: str) -> dict[str, Entry]:
         try:
-            return decode_ledger(annotations.get(LEDGER_ANNOTATION))
+            return dict(ledger_entries(annotations.get(LEDGER_ANNOTATION)))
         except PlacementError as exc:
             raise BindError(f"node {node}: {exc}") from None
 

@@ -10,6 +10,7 @@ other way round.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -29,6 +30,7 @@ from runtime_hook.contract import (
 )
 from runtime_hook.placement import (
     Assignment,
+    Entry,
     Inventory,
     PlacementError,
     decode_inventory,
@@ -318,13 +320,45 @@ def _parsed(inventory_text: str, ledger_text: str | None
             ) -> tuple[Inventory, _Totals, dict[str, Assignment]]:
     """Decode a node's two annotations once: the scheduler sends the same ones pod after pod,
     and they change only when a bind or the agent writes them."""
-    inventory = decode_inventory(inventory_text)
+    inventory = _inventory(inventory_text)
     gpus = {gpu.uuid: GpuUse(gpu) for gpu in inventory.gpus}
-    counted = {uid: entry.assignment for uid, entry in decode_ledger(ledger_text).items()}
+    counted = {uid: entry.assignment for uid, entry in ledger_entries(ledger_text).items()}
     for assignment in counted.values():
         _count(gpus, assignment)
     totals = {uuid: (u.cores, u.memory, u.whole, u.pods) for uuid, u in gpus.items()}
     return inventory, totals, counted
+
+
+@lru_cache(maxsize=1024)
+def _inventory(text: str) -> Inventory:
+    """An inventory decoded once: it changes with the agent's heartbeat, not with binds."""
+    return decode_inventory(text)
+
+
+LEDGERS_KEPT = 8192  # distinct ledger annotations kept decoded (the newest used)
+_ledgers: OrderedDict[str, Mapping[str, Entry]] = OrderedDict()
+
+
+def ledger_entries(text: str | None) -> Mapping[str, Entry]:
+    """The entries of a ledger annotation (None: none), decoded once per distinct text; raise
+    PlacementError when it is malformed. Shared: copy them to change them."""
+    if text is None:
+        return {}
+    entries = _ledgers.get(text)
+    if entries is None:
+        entries = decode_ledger(text)
+        wrote_ledger(text, entries)
+    else:
+        _ledgers.move_to_end(text)
+    return entries
+
+
+def wrote_ledger(text: str, entries: Mapping[str, Entry]) -> None:
+    """Note that ``text`` is the ledger annotation of ``entries``: bind calls it with the one it
+    wrote, so the next filter, which is sent that text, does not decode it again."""
+    _ledgers[text] = entries
+    if len(_ledgers) > LEDGERS_KEPT:
+        _ledgers.popitem(last=False)
 
 
 def _count(gpus: Mapping[str, GpuUse], assignment: Assignment, sign: int = 1) -> None:

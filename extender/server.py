@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import signal
 import sys
 from collections.abc import Sequence
@@ -162,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KubeError as exc:
         parser.error(exc.message)
     core_keys = tuple(keys[1] for keys in config.vcuda_keys)
+    # What is loaded by now lives as long as the process: the collector need not walk it
+    # again on each full pass (decoding every request's pod makes many short-lived objects).
+    gc.freeze()
     asyncio.run(_serve(credentials, core_keys, args, certificates, log))
     return 0
 

@@ -117,7 +117,7 @@ class Extender:
 
     def prioritize(self, body: bytes) -> Outcome:
         """Score each node 0..10 by the strategy; raise BadArguments for a malformed body."""
-        args = parse_args(body)
+        args = parse_args(body, whole=False)
         scores = []
         try:
             demand = pod_demand(args.pod, self._core_keys)

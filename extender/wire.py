@@ -14,7 +14,7 @@ annotations are decoded, and filter answers the objects it keeps byte for byte a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 
@@ -23,6 +23,9 @@ from extender.errors import ExtenderError
 
 class BadArguments(ExtenderError, ValueError):
     """The body is not what kube-scheduler sends (HTTP 400); the message says what is wrong."""
+
+
+_Item = TypeVar("_Item")  # how the nodes are read: whole (msgspec.Raw) or their heads only
 
 
 class _Meta(msgspec.Struct, frozen=True):
@@ -36,21 +39,22 @@ class NodeHead(msgspec.Struct, frozen=True):
     metadata: _Meta = _Meta()
 
 
-class _NodeList(msgspec.Struct, frozen=True):
-    items: list[msgspec.Raw] | None = None
+class _NodeList(msgspec.Struct, Generic[_Item], frozen=True):
+    items: list[_Item] | None = None
 
 
-class _ExtenderArgs(msgspec.Struct, frozen=True):
+class _ExtenderArgs(msgspec.Struct, Generic[_Item], frozen=True):
     pod: dict[str, Any] | None = msgspec.field(default=None, name="Pod")
-    nodes: _NodeList | None = msgspec.field(default=None, name="Nodes")
+    nodes: _NodeList[_Item] | None = msgspec.field(default=None, name="Nodes")
     node_names: list[str] | None = msgspec.field(default=None, name="NodeNames")
     old_pod: dict[str, Any] | None = msgspec.field(default=None, name="pod")
-    old_nodes: _NodeList | None = msgspec.field(default=None, name="nodes")
+    old_nodes: _NodeList[_Item] | None = msgspec.field(default=None, name="nodes")
     old_node_names: list[str] | None = msgspec.field(default=None, name="nodenames")
 
 
 class ExtenderArgs(msgspec.Struct, frozen=True):
-    """The arguments of filter and prioritize: the pod, and the candidate nodes in order."""
+    """The arguments of filter and prioritize: the pod, and the candidate nodes in order (and
+    as they came, if asked for)."""
 
     pod: dict[str, Any]
     nodes: list[NodeHead]
@@ -77,16 +81,21 @@ class _BindingArgs(msgspec.Struct, frozen=True):
     old_node: str = msgspec.field(default="", name="node")
 
 
-_decode_args = msgspec.json.Decoder(_ExtenderArgs).decode
+_decode_args = msgspec.json.Decoder(_ExtenderArgs[msgspec.Raw]).decode
+_decode_heads = msgspec.json.Decoder(_ExtenderArgs[NodeHead]).decode
 _decode_node = msgspec.json.Decoder(NodeHead).decode
 _decode_binding = msgspec.json.Decoder(_BindingArgs).decode
 _encode = msgspec.json.Encoder().encode
 
 
-def parse_args(body: bytes) -> ExtenderArgs:
-    """Read ExtenderArgs; raise BadArguments unless it has a pod and nodes (not node names)."""
+def parse_args(body: bytes, whole: bool = True) -> ExtenderArgs:
+    """Read ExtenderArgs; raise BadArguments unless it has a pod and nodes (not node names).
+
+    ``whole``: keep each node as it came (``raw_nodes``), for filter's answer; without it
+    (prioritize) the body is read in one pass and ``raw_nodes`` is empty.
+    """
     try:
-        args = _decode_args(body)
+        args = (_decode_args if whole else _decode_heads)(body)
     except msgspec.DecodeError as exc:
         raise BadArguments(f"not ExtenderArgs: {exc}") from None
     pod = args.pod if args.pod is not None else args.old_pod
@@ -102,11 +111,15 @@ def parse_args(body: bytes) -> ExtenderArgs:
                                "nodeCacheCapable: false, so the scheduler sends the nodes")
         raise BadArguments("ExtenderArgs without nodes: the body needs \"Nodes\": {\"items\": "
                            "[...]}")
-    raw = nodes.items or []
-    try:
-        heads = [_decode_node(item) for item in raw]
-    except msgspec.DecodeError as exc:
-        raise BadArguments(f"ExtenderArgs.Nodes.items: {exc}") from None
+    items = nodes.items or []
+    if whole:
+        raw = cast("list[msgspec.Raw]", items)
+        try:
+            heads = [_decode_node(item) for item in raw]
+        except msgspec.DecodeError as exc:
+            raise BadArguments(f"ExtenderArgs.Nodes.items: {exc}") from None
+    else:
+        raw, heads = [], cast("list[NodeHead]", items)
     for index, head in enumerate(heads):
         if not head.metadata.name:
             raise BadArguments(f"ExtenderArgs.Nodes.items[{index}] has no metadata.name")

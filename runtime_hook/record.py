@@ -31,6 +31,10 @@ class Record:
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         fields = self._fields
+        if len(args) == len(fields) and not kwargs:  # the common case, without the checks
+            for name, value in zip(fields, args):
+                object.__setattr__(self, name, value)
+            return
         if len(args) > len(fields):
             raise TypeError(f"{type(self).__name__} takes {len(fields)} fields, got {len(args)}")
         values = dict(zip(fields[len(fields) - len(self._defaults) :], self._defaults))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from extender import policy
 from extender.server import main as extender_main
 from extender.service import EXPECTED_NODES
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LEDGER_ANNOTATION
@@ -241,6 +242,25 @@ def test_bind_after_filter_uses_the_pod_the_scheduler_sent_and_reads_only_the_no
         ("GET", "/api/v1/nodes/n"), ("PATCH", "/api/v1/nodes/n"),
         ("POST", "/api/v1/namespaces/team/pods/p/binding")]
     assert stored_pod(api, pod)["spec"]["nodeName"] == "n"
+
+
+def test_the_ledger_a_bind_wrote_is_counted_by_the_next_filter_without_decoding_it_again(
+        extender: RunningExtender, api: FakeClusterApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = add(api, node_object("n", [16 * GIB]))[0]
+    first = stored_pod(api, add(api, pod_object("p", 60, 1))[0])
+    extender.verb("/filter", extender_args(first, [node]))
+    assert bind(extender, first, "n") == ""
+    decoded: list[str] = []
+    decode = policy.decode_ledger
+    monkeypatch.setattr(policy, "decode_ledger", lambda text: decoded.append(text) or decode(text))
+    second = stored_pod(api, add(api, pod_object("q", 50, 1))[0])
+    written = stored_node(api, "n")
+    answer = extender.verb("/filter", extender_args(second, [written]))
+    assert answer["FailedNodes"] == {"n": "no GPU has 50% and 1 GiB free (GPU 0 has 40% and "
+                                            "15 GiB free, the closest)"}
+    assert decoded == []
+    text = written["metadata"]["annotations"][LEDGER_ANNOTATION]
+    assert dict(policy.ledger_entries(text)) == decode(text)
 
 
 def test_a_pod_replaced_after_filter_is_not_bound_and_its_room_is_given_back(

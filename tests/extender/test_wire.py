@@ -48,6 +48,17 @@ def test_extender_args_of_the_older_tagged_types_are_read_too() -> None:
     assert args.pod == pod and [head.metadata.name for head in args.nodes] == ["n"]
 
 
+def test_extender_args_read_without_the_nodes_as_they_came_give_the_same_heads() -> None:
+    pod, nodes = pod_object("p", 10, 1), [node_object("a", [GIB]), node_object("b", [GIB])]
+    body = json.dumps({"Pod": pod, "Nodes": {"items": nodes}}).encode()
+    whole, heads = parse_args(body), parse_args(body, whole=False)
+    assert heads.nodes == whole.nodes and heads.pod == pod and heads.raw_nodes == []
+    assert [json.loads(bytes(raw)) for raw in whole.raw_nodes] == nodes
+    with pytest.raises(BadArguments, match=r"Nodes.items\[1\] has no metadata.name"):
+        parse_args(json.dumps({"Pod": pod, "Nodes": {"items": [nodes[0], {}]}}).encode(),
+                   whole=False)
+
+
 def test_binding_args_as_kube_scheduler_marshals_them_are_read() -> None:
     body = json.dumps(dict(zip(UPSTREAM["ExtenderBindingArgs"], ("p", "team", "uid-1", "n"))))
     args = parse_binding(body.encode())
