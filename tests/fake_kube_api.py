@@ -239,6 +239,9 @@ class FakeKubeApi:
 
 class _Handler(BaseHTTPRequestHandler):
     api: FakeKubeApi
+    # As kube-apiserver (Go's net/http sets TCP_NODELAY): the head and the body go out as two
+    # writes, and with Nagle's algorithm the body waited for the client's delayed ACK (40 ms).
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
