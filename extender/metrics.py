@@ -3,7 +3,8 @@ redone, and nodes left out because their vcuda inventory is missing, unreadable 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import (
@@ -49,32 +50,32 @@ class Metrics:
 
     def collect(self) -> Iterator[Metric]:
         """The metric families, for the registry."""
-        calls = CounterMetricFamily("vcuda_extender_requests",
-                                    "Extender calls answered, by verb and outcome",
-                                    labels=["verb", "outcome"])
-        for (verb, outcome), count in self._calls.items():
-            calls.add_metric([verb, outcome], count)
-        yield calls
+        yield _counter("vcuda_extender_requests", "Extender calls answered, by verb and outcome",
+                       ["verb", "outcome"], self._calls)
         latency = HistogramMetricFamily("vcuda_extender_request_seconds",
                                         "Time from request to answer, by verb", labels=["verb"])
         for verb, observed in self._latency.items():
             latency.add_metric([verb], observed.buckets(), observed.seconds)
         yield latency
-        conflicts = CounterMetricFamily(
+        yield _counter(
             "vcuda_extender_bind_conflicts",
             "Conditional writes of bind that found the object changed and were redone (ledger: "
-            "the node's GPU ledger; binding: the pod)", labels=["write"])
-        for write, count in self._conflicts.items():
-            conflicts.add_metric([write], count)
-        yield conflicts
-        left_out = CounterMetricFamily(
+            "the node's GPU ledger; binding: the pod)", ["write"], self._conflicts)
+        yield _counter(
             "vcuda_extender_nodes_left_out",
             "Nodes filter left out whatever the pod, by cause (stale_inventory: the node agent "
-            "stopped publishing)", labels=["cause"])
-        for cause, count in self._left_out.items():
-            left_out.add_metric([cause], count)
-        yield left_out
+            "stopped publishing)", ["cause"], self._left_out)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+def _counter(name: str, documentation: str, labels: list[str],
+             counts: Mapping[Any, int]) -> CounterMetricFamily:
+    """A counter family with one sample per key of ``counts`` (a label value, or a tuple of
+    them in the order of ``labels``)."""
+    family = CounterMetricFamily(name, documentation, labels=labels)
+    for key, count in counts.items():
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], count)
+    return family
