@@ -1,5 +1,6 @@
-"""Bind: choose the pod's GPUs against the node's ledger as stored, write the ledger only if no
-one else wrote the node meanwhile, then bind the pod with its assignment in one write.
+"""Bind: choose the pod's GPUs against the node's ledger as last seen (the extender's view of
+the nodes; the API's copy after a conflict), write the ledger only if no one else wrote the node
+meanwhile, then bind the pod with its assignment in one write.
 
 Each write is conditional on the resourceVersion it was computed from, so two extenders (or
 two binds of one) never give out the same room; a conflict means "read again and redo", and no
@@ -14,6 +15,7 @@ from urllib.parse import quote
 
 from extender.errors import ExtenderError
 from extender.metrics import Metrics
+from extender.nodes import Meta, NodeView
 from extender.policy import (
     Demand,
     DemandError,
@@ -43,11 +45,13 @@ class BindError(ExtenderError, RuntimeError):
 
 
 class Binder:
-    """Binds pods for one extender; holds no state beyond its settings."""
+    """Binds pods for one extender; holds no state beyond its settings and the view of the
+    nodes, which its ledger writes keep up to date."""
 
-    def __init__(self, kube: Kube, core_keys: tuple[str, ...], strategy: str, max_age: float,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, kube: Kube, nodes: NodeView, core_keys: tuple[str, ...], strategy: str,
+                 max_age: float, clock: Callable[[], float] = time.time) -> None:
         self._kube = kube
+        self._nodes = nodes
         self.metrics = Metrics()  # the extender's, shared with the verbs' server
         self._core_keys = core_keys
         self._strategy = strategy
@@ -92,10 +96,17 @@ class Binder:
     async def _reserve(self, node: str, uid: str, who: str, demand: Demand,
                        expected: Assignment | None) -> Assignment:
         path = f"/api/v1/nodes/{quote(node)}"
+        seen = self._nodes.get(node) if self._nodes.ready else None
         for _ in range(ATTEMPTS):
-            stored = await self._read(path, f"node {node}")
-            metadata = stored.get("metadata") or {}
-            annotations = metadata.get("annotations") or {}
+            version: str | None
+            if seen is not None:  # as last seen; if it moved on since, the write says so
+                version, annotations = seen.version, seen.annotations or {}
+                seen = None
+            else:
+                stored = await self._read(path, f"node {node}")
+                metadata = stored.get("metadata") or {}
+                version = metadata.get("resourceVersion")
+                annotations = metadata.get("annotations") or {}
             ledger = self._ledger(annotations, node)
             if uid in ledger:  # a retried bind whose first try wrote the ledger
                 return ledger[uid].assignment
@@ -105,7 +116,7 @@ class Binder:
             except Unfit as exc:
                 raise BindError(f"node {node}: {exc.reason}") from None
             ledger[uid] = Entry(who, int(self._clock()), assignment)
-            if await self._write_ledger(path, metadata.get("resourceVersion"), ledger):
+            if await self._write_ledger(node, version, ledger):
                 return assignment
             self.metrics.conflict("ledger")
         raise BindError(f"node {node}: its GPU ledger changed {ATTEMPTS} times while binding; "
@@ -127,24 +138,28 @@ class Binder:
             if ledger.pop(uid, None) is None:
                 return
             try:
-                if await self._write_ledger(path, metadata.get("resourceVersion"), ledger):
+                if await self._write_ledger(node, metadata.get("resourceVersion"), ledger):
                     return
             except BindError:
                 return
 
-    async def _write_ledger(self, path: str, version: str | None,
+    async def _write_ledger(self, node: str, version: str | None,
                             ledger: dict[str, Entry]) -> bool:
-        """Write ``ledger`` if the node is still at ``version``; False on a conflict."""
+        """Write ``ledger`` if the node is still at ``version``; False on a conflict. The view
+        takes the node as written: the next filter counts it without waiting for the watch."""
         text = encode_ledger(ledger)
         body = {"metadata": {"resourceVersion": version, "annotations": {LEDGER_ANNOTATION: text}}}
         try:
-            await self._kube.merge_patch(path, body)
+            written = await self._kube.merge_patch(f"/api/v1/nodes/{quote(node)}", body)
         except KubeError as exc:
             if exc.status == 409:
                 return False
-            raise BindError(f"cannot write the GPU ledger of {path.rsplit('/', 1)[-1]}: "
-                            f"{exc.message}") from None
+            raise BindError(f"cannot write the GPU ledger of {node}: {exc.message}") from None
         wrote_ledger(text, ledger)
+        metadata = written.get("metadata") or {}
+        if isinstance(metadata.get("resourceVersion"), str) and self._nodes.get(node):
+            self._nodes.put(Meta(node, metadata["resourceVersion"],
+                                 metadata.get("annotations") or {}))
         return True
 
     async def _bind(self, args: BindingArgs, version: str | None,

@@ -1,5 +1,6 @@
 """Prometheus metrics of the extender: calls by verb and outcome, their latency, bind conflicts
-redone, and nodes left out because their vcuda inventory is missing, unreadable or stale."""
+redone, and nodes left out because they are not vcuda nodes or their vcuda inventory is
+missing, unreadable or stale."""
 
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ class Metrics:
         yield _counter(
             "vcuda_extender_nodes_left_out",
             "Nodes filter left out whatever the pod, by cause (stale_inventory: the node agent "
-            "stopped publishing)", ["cause"], self._left_out)
+            "stopped publishing; not_vcuda_node: not labelled vcuda.io/enabled=true)", ["cause"],
+            self._left_out)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

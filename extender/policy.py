@@ -196,9 +196,10 @@ class NodeGpus:
 
 
 # Why a node can take no vcuda pod at all (an Unfit that is final): the causes metrics count.
-NO_INVENTORY, UNREADABLE_INVENTORY, STALE_INVENTORY = ("no_inventory", "unreadable_inventory",
-                                                       "stale_inventory")
-NODE_CAUSES = (NO_INVENTORY, UNREADABLE_INVENTORY, STALE_INVENTORY)
+# not_vcuda_node: not among the Nodes labelled vcuda.io/enabled=true that the extender watches.
+NOT_VCUDA_NODE, NO_INVENTORY, UNREADABLE_INVENTORY, STALE_INVENTORY = (
+    "not_vcuda_node", "no_inventory", "unreadable_inventory", "stale_inventory")
+NODE_CAUSES = (NOT_VCUDA_NODE, NO_INVENTORY, UNREADABLE_INVENTORY, STALE_INVENTORY)
 
 
 class Unfit(ExtenderError):

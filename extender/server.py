@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from extender.bind import Binder
+from extender.nodes import NodeView, NodeWatch
 from extender.policy import STRATEGIES
 from extender.service import Extender, Outcome
 from extender.wire import BadArguments
@@ -28,15 +29,17 @@ from webhook.tls import CertificateError, CertificateReloader
 
 DEFAULT_PORT = 8888
 DEFAULT_MAX_AGE = 120.0
-MAX_BODY = 64 << 20  # ExtenderArgs of thousands of whole Node objects
+MAX_BODY = 8 << 20  # a Pod (etcd keeps at most 1.5 MiB) and the names of thousands of nodes
 
 
 class ExtenderServer:
     """The extender's routes between ``start`` and ``stop``."""
 
-    def __init__(self, extender: Extender, log: Any,
+    def __init__(self, extender: Extender, watch: NodeWatch, log: Any,
                  certificates: CertificateReloader | None = None) -> None:
         self._extender = extender
+        self._watch = watch
+        self._watching: asyncio.Task[None] | None = None
         self._metrics = extender.metrics
         self._log = log
         # Two bodies of the largest size at once: the scheduler sends one at a time.
@@ -44,16 +47,22 @@ class ExtenderServer:
                                 guards=Guards(max_buffered=4 * MAX_BODY), log=log)
         self._routes = {("POST", "/filter"): self._filter, ("POST", "/prioritize"):
                         self._prioritize, ("POST", "/bind"): self._bind,
-                        ("GET", "/healthz"): self._ok, ("GET", "/readyz"): self._ok,
+                        ("GET", "/healthz"): self._ok, ("GET", "/readyz"): self._ready,
                         ("GET", "/metrics"): self._metrics_text}
 
     async def start(self, host: str | None, port: int) -> int:
-        """Listen on ``host`` (None: all addresses) and ``port`` (0: any); return the port."""
+        """Watch the nodes, and listen on ``host`` (None: all addresses) and ``port`` (0: any);
+        return the port."""
+        self._watching = asyncio.create_task(self._watch.run())
         return await self._serving.start(host, port)
 
     async def stop(self) -> None:
-        """Stop listening once requests in progress are answered (10 s at most)."""
+        """Stop listening once requests in progress are answered (10 s at most), then stop
+        watching."""
         await self._serving.stop()
+        if self._watching is not None:
+            self._watching.cancel()
+            await asyncio.gather(self._watching, return_exceptions=True)
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         handler = self._routes.get((request.method, request.path))
@@ -106,6 +115,12 @@ class ExtenderServer:
     async def _ok(self, _: web.BaseRequest) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def _ready(self, _: web.BaseRequest) -> web.Response:
+        if self._watch.view.ready:
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="not ready: the nodes are not listed yet (at start "
+                                             "and after a watch error)\n")
+
     async def _metrics_text(self, _: web.BaseRequest) -> web.Response:
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
@@ -117,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
                     "hold a pod's share (and enough GPUs are unused for its whole GPUs), scores "
                     "them, and at bind records the chosen GPUs in the node's GPU ledger and on "
                     "the pod. Serves POST /filter, /prioritize, /bind (extender API v1, "
-                    "nodeCacheCapable: false) and GET /healthz, /readyz and /metrics "
-                    "(Prometheus). Logs JSON lines on stdout.")
+                    "nodeCacheCapable: true: it watches the Nodes labelled "
+                    "vcuda.io/enabled=true itself) and GET /healthz, /readyz (once the nodes "
+                    "are listed) and /metrics (Prometheus). Logs JSON lines on stdout.")
     parser.add_argument("--host", default=None, help="address to listen on (default: all)")
     parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,
                         help=f"port to listen on (default: {DEFAULT_PORT})")
@@ -173,9 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _serve(credentials: Credentials, core_keys: tuple[str, ...], args: argparse.Namespace,
                  certificates: CertificateReloader | None, log: Any) -> None:
     kube = Kube(credentials)
-    binder = Binder(kube, core_keys, args.strategy, args.max_age)
-    server = ExtenderServer(Extender(binder, core_keys, args.strategy, args.max_age), log,
-                            certificates)
+    nodes = NodeView()
+    binder = Binder(kube, nodes, core_keys, args.strategy, args.max_age)
+    server = ExtenderServer(Extender(binder, nodes, core_keys, args.strategy, args.max_age),
+                            NodeWatch(kube, nodes, log), log, certificates)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGINT, signal.SIGTERM):

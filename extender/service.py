@@ -1,8 +1,9 @@
-"""The three extender verbs, body to body: filter and prioritize decide from the nodes that the
-scheduler sends; bind decides against the API's current state and writes it.
+"""The three extender verbs, body to body: filter and prioritize decide, for the node names the
+scheduler sends, from the extender's own view of the nodes (:mod:`extender.nodes`); bind decides
+against the node as last seen, and writes it only if it has not changed since.
 
-The only memory kept is of binds this process is making or made in the last seconds that the
-scheduler's copy of the nodes may not show yet ("pending"): counting them keeps a burst of pods
+Besides that view, the only memory kept is of binds this process is making or made in the last
+seconds that the view may not show yet ("pending"): counting them keeps a burst of pods
 off room already given. A bind counts from the moment it arrives, with the GPUs filter found
 for its pod on that node, and with the GPUs it wrote once it wrote them: the scheduler filters
 the next pods while earlier binds are still writing. Losing it (a restart) costs at most a bind
@@ -22,7 +23,9 @@ from collections.abc import Callable, Collection
 import msgspec
 
 from extender.bind import Binder, BindError
+from extender.nodes import SELECTOR, NodeView
 from extender.policy import (
+    NOT_VCUDA_NODE,
     Demand,
     DemandError,
     Placement,
@@ -49,6 +52,10 @@ SENT_PODS = 4096  # pods filtered and not bound yet, kept for their bind (newest
 # scheduler's choice falls; a bind elsewhere is counted once written. Bounds the memory at
 # SENT_PODS times this, whatever the cluster's size.
 EXPECTED_NODES = 16
+NOT_READY = ("the vcuda scheduler extender has not listed the nodes from the API yet (it does at "
+             "start and after a watch error); the scheduler will try again")
+NOT_VCUDA = (f"not a vcuda node: it is not labelled {SELECTOR}, so the vcuda node agent does "
+             "not run there")
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -72,9 +79,10 @@ class _Sent:
 class Extender:
     """filter, prioritize and bind with one placement strategy."""
 
-    def __init__(self, binder: Binder, core_keys: tuple[str, ...], strategy: str,
-                 max_age: float, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, binder: Binder, nodes: NodeView, core_keys: tuple[str, ...],
+                 strategy: str, max_age: float, clock: Callable[[], float] = time.time) -> None:
         self._binder = binder
+        self._nodes = nodes
         self.metrics = binder.metrics
         self._core_keys = core_keys
         self._strategy = strategy
@@ -87,20 +95,21 @@ class Extender:
         """Keep the nodes where the pod fits; raise BadArguments for a malformed body."""
         args = parse_args(body)
         sent = self._see(args.pod)
-        kept: list[msgspec.Raw] = []
+        kept: list[str] = []
         found: list[tuple[int, str, Assignment]] = []  # score, node, GPUs of the kept nodes
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        if not self._nodes.ready:
+            failed = dict.fromkeys(args.names, NOT_READY)
+            return self._filtered(args, kept, failed, unresolvable)
         try:
             demand = pod_demand(args.pod, self._core_keys)
         except DemandError as exc:
-            reason = str(exc)
-            unresolvable = {node.metadata.name: reason for node in args.nodes}
+            unresolvable = dict.fromkeys(args.names, str(exc))
             return self._filtered(args, kept, failed, unresolvable)
-        for node, raw in zip(args.nodes, args.raw_nodes):
-            name = node.metadata.name
+        for name in args.names:
             try:
-                placed = self._place(args, name, node.metadata.annotations, demand)
+                placed = self._place(args, name, demand)
             except Unfit as exc:
                 if exc.cause:
                     unresolvable[name] = exc.reason
@@ -108,7 +117,7 @@ class Extender:
                 else:
                     failed[name] = exc.reason
             else:
-                kept.append(raw)
+                kept.append(name)
                 found.append((placed.score, name, placed.assignment))
         if sent is not None:
             sent.gpus = {name: gpus for _, name, gpus in heapq.nlargest(
@@ -117,18 +126,17 @@ class Extender:
 
     def prioritize(self, body: bytes) -> Outcome:
         """Score each node 0..10 by the strategy; raise BadArguments for a malformed body."""
-        args = parse_args(body, whole=False)
+        args = parse_args(body)
         scores = []
         try:
             demand = pod_demand(args.pod, self._core_keys)
         except DemandError:
             demand = Demand(0, 0, 0)
-        for node in args.nodes:
-            name = node.metadata.name
+        for name in args.names:
             score = 0
-            if demand:
+            if demand and self._nodes.ready:
                 try:
-                    score = self._place(args, name, node.metadata.annotations, demand).score
+                    score = self._place(args, name, demand).score
                 except Unfit:
                     score = 0
             scores.append((name, score))
@@ -157,8 +165,13 @@ class Extender:
         return Outcome(binding_result(), "bound",
                        {"pod": who, "node": args.node, "gpus": list(assignment.gpus())})
 
-    def _place(self, args: ExtenderArgs, name: str, annotations: dict | None,
-               demand: Demand) -> Placement:
+    def _place(self, args: ExtenderArgs, name: str, demand: Demand) -> Placement:
+        """Where the pod goes on node ``name`` as the view shows it, binds in flight counted;
+        raise Unfit (final for a node the view lacks: not a vcuda node)."""
+        node = self._nodes.get(name)
+        if node is None:
+            raise Unfit(NOT_VCUDA, NOT_VCUDA_NODE)
+        annotations = node.annotations
         now = self._clock()
         pending = self._pending.get(name)
         extra: list[tuple[str, Assignment]] = []
@@ -204,7 +217,7 @@ class Extender:
         if not pending:
             del self._pending[node]
 
-    def _filtered(self, args: ExtenderArgs, kept: list, failed: dict,
+    def _filtered(self, args: ExtenderArgs, kept: list[str], failed: dict,
                   unresolvable: dict) -> Outcome:
         return Outcome(filter_result(kept, failed, unresolvable), "filter",
                        {"pod": _pod_name(args), "kept": len(kept),

@@ -41,7 +41,8 @@ class FakeClusterApi(FakeNodesApi):
     def remove(self, path: str) -> None:
         """Delete the object at ``path``, as if another client did."""
         with self.lock:
-            self.objects.pop(path, None)
+            if path in self.objects:
+                self.store(path, None)
 
     def pods(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -71,8 +72,7 @@ class FakeClusterApi(FakeNodesApi):
             self.authorize("delete", "", "pods", namespace, name)
             with self.lock:
                 gone = self.read(path, "pods", name)
-                del self.objects[path]
-                self._revision += 1
+                self.store(path, None)
             return 200, gone
         raise ApiError(405, "MethodNotAllowed", "not implemented by this test server")
 
@@ -98,7 +98,7 @@ class FakeClusterApi(FakeNodesApi):
             pod["spec"]["nodeName"] = target
             if metadata.get("annotations"):
                 pod["metadata"].setdefault("annotations", {}).update(metadata["annotations"])
-            self.objects[path] = self.stamp(pod)
+            self.store(path, pod)
         return {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
 
     def _list_pods(self) -> dict[str, Any]:

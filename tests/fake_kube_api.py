@@ -5,7 +5,8 @@ endpoint shares: real TLS with its own CA, a kubeconfig that trusts it, a
 bearer token (401 without it), RBAC evaluated from Role/ClusterRole rules
 (403 with the API's message), objects stamped with a resourceVersion from
 one counter bumped on every write as etcd does, and errors answered as
-`Status` objects. Subclasses implement :meth:`FakeKubeApi.route` for the
+`Status` objects. An answer may be a stream (:class:`Streamed`, a watch), sent
+in HTTP/1.1 chunks as it comes. Subclasses implement :meth:`FakeKubeApi.route` for the
 resources they serve (``tests/deploy/fake_apiserver.py``: Secrets and
 webhook configurations; ``tests/node/fake_nodes_api.py``: nodes).
 """
@@ -18,7 +19,7 @@ import json
 import ssl
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -46,6 +47,13 @@ class Request:
     body: bytes = b""
     query: str = ""
     accept: str = ""
+
+
+@dataclass
+class Streamed:
+    """An answer sent piece by piece as ``chunks`` yields them (a watch's events)."""
+
+    chunks: Iterator[bytes]
 
 
 @dataclass
@@ -130,6 +138,7 @@ class FakeKubeApi:
                                             .not_valid_before_utc, self.ca.certificate
                                             .not_valid_after_utc, ip_addresses=["127.0.0.1"])
         self._httpd: ThreadingHTTPServer | None = None
+        self.stopping = threading.Event()  # streams in progress end
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -151,6 +160,7 @@ class FakeKubeApi:
         threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True).start()
 
     def stop(self) -> None:
+        self.stopping.set()
         if self._httpd:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -176,7 +186,7 @@ class FakeKubeApi:
     def put(self, path: str, obj: Mapping[str, Any]) -> None:
         """Store ``obj`` at ``path`` as if created."""
         with self.lock:
-            self.objects[path] = self.stamp(copy.deepcopy(dict(obj)))
+            self.store(path, copy.deepcopy(dict(obj)))
 
     def get(self, path: str) -> dict[str, Any] | None:
         with self.lock:
@@ -185,7 +195,22 @@ class FakeKubeApi:
     def bump(self, path: str) -> None:
         """Write the object unchanged, as another client's update would: a new resourceVersion."""
         with self.lock:
-            self.stamp(self.objects[path])
+            self.store(path, self.objects[path])
+
+    def store(self, path: str, obj: dict[str, Any] | None) -> None:
+        """Write ``obj`` at ``path`` with the next resourceVersion, or delete what is there
+        (None; a deletion is a write too). Hold the lock."""
+        before = self.objects.get(path)
+        if obj is None:
+            self._revision += 1
+            self.objects.pop(path, None)
+        else:
+            self.objects[path] = self.stamp(obj)
+        self.changed(path, before, obj)
+
+    def changed(self, path: str, before: dict[str, Any] | None,
+                after: dict[str, Any] | None) -> None:
+        """Called under the lock after each :meth:`store` (for watches)."""
 
     def stamp(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Give ``obj`` the next resourceVersion (and a uid and creation time if it has none)."""
@@ -263,11 +288,34 @@ class _Handler(BaseHTTPRequestHandler):
                 "message": error.message, "reason": error.reason, "code": error.code}
         self.api.requests.append(Request(self.command, path, content_type, status, body,
                                          query, self.api.local.accept))
+        if isinstance(answer, Streamed):
+            self._stream(status, answer)
+            return
         payload = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+    def _stream(self, status: int, answer: Streamed) -> None:
+        chunked = self.protocol_version == "HTTP/1.1"
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.close_connection = True
+        self.end_headers()
+        try:
+            for chunk in answer.chunks:
+                if not chunk:
+                    continue  # an empty chunk would end the answer
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                self.wfile.flush()
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client went away
+            self.close_connection = True
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve

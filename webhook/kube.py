@@ -7,6 +7,7 @@ import json
 import os
 import ssl
 import time
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -114,6 +115,32 @@ class Kube:
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._call("POST", path, body, "application/json")
 
+    async def lines(self, path: str, accept: str | None = None,
+                    idle: float = 60.0) -> AsyncGenerator[bytes, None]:
+        """GET ``path`` and yield its answer line by line as it comes (a watch); raise
+        KubeError if the API refuses it, cannot be reached, or sends nothing for ``idle``
+        seconds."""
+        headers = self._credentials.header()
+        if accept:
+            headers["Accept"] = accept
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=idle)
+        try:
+            async with self._session.get(self._credentials.url + path, headers=headers,
+                                         timeout=timeout) as answer:
+                if answer.status >= 300:
+                    payload = await answer.read()
+                    raise KubeError(answer.status, _message(payload)
+                                    or f"HTTP {answer.status} from GET {path}")
+                pending = b""
+                async for chunk in answer.content.iter_any():
+                    *complete, pending = (pending + chunk).split(b"\n")
+                    for line in complete:
+                        if line.strip():
+                            yield line
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise KubeError(0, f"cannot reach the API server (GET {path}): "
+                               f"{exc or type(exc).__name__}") from None
+
     async def _call(self, method: str, path: str, body: dict[str, Any] | None,
                     content_type: str | None, accept: str | None = None) -> dict[str, Any]:
         headers = self._credentials.header()
@@ -131,11 +158,20 @@ class Kube:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise KubeError(0, f"cannot reach the API server ({method} {path}): "
                                f"{exc or type(exc).__name__}") from None
+        if status >= 300:
+            raise KubeError(status, _message(payload) or f"HTTP {status} from {method} {path}")
         try:
             result = json.loads(payload) if payload else {}
         except ValueError:
             result = {}
-        if status >= 300:
-            message = result.get("message") if isinstance(result, dict) else None
-            raise KubeError(status, message or f"HTTP {status} from {method} {path}")
         return result
+
+
+def _message(payload: bytes) -> str | None:
+    """The message of an error answer (a Status object), if it has one."""
+    try:
+        result = json.loads(payload) if payload else {}
+    except ValueError:
+        return None
+    message = result.get("message") if isinstance(result, dict) else None
+    return message if isinstance(message, str) else None

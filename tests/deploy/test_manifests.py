@@ -651,7 +651,7 @@ def test_vcuda_scheduler_is_leader_elected_and_calls_the_extender_for_vcudas_res
     assert extender["urlPrefix"] == "http://127.0.0.1:8888"
     assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
         "filter", "prioritize", "bind")
-    assert extender["nodeCacheCapable"] is False  # the extender reads nodes from the call
+    assert extender["nodeCacheCapable"] is True  # names only: the extender watches the nodes
     assert extender["ignorable"] is False
     assert {r["name"] for r in extender["managedResources"]} == {SHARED_RESOURCE,
                                                                  WHOLE_RESOURCE}
@@ -671,10 +671,11 @@ def test_the_extender_listens_on_loopback_only_where_its_scheduler_reaches_it() 
     assert "--config=/etc/vcuda-scheduler/config.yaml" in kube_scheduler["command"]
 
 
-def test_the_extender_may_read_pods_bind_them_and_write_nodes_and_nothing_else() -> None:
+def test_the_extender_may_read_pods_bind_them_and_watch_and_write_nodes_and_nothing_else() -> None:
     rules = find("ClusterRole", "vcuda-scheduler-extender")["rules"]
     assert sorted((r["resources"][0], tuple(r["verbs"])) for r in rules) == [
-        ("nodes", ("get", "patch")), ("pods", ("get",)), ("pods/binding", ("create",))]
+        ("nodes", ("get", "list", "watch", "patch")), ("pods", ("get",)),
+        ("pods/binding", ("create",))]
     leases = find("Role", "vcuda-scheduler-leader-election")["rules"]
     assert {name for rule in leases for name in rule.get("resourceNames", [])} == {
         "vcuda-scheduler"}

@@ -19,9 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from extender.bind import Binder
+from extender.nodes import NodeView, NodeWatch
 from extender.server import ExtenderServer
 from extender.service import Extender
-from runtime_hook.contract import INVENTORY_ANNOTATION, SHARED_RESOURCE, WHOLE_RESOURCE, Gpu
+from runtime_hook.contract import (
+    ENABLED_LABEL,
+    INVENTORY_ANNOTATION,
+    SHARED_RESOURCE,
+    WHOLE_RESOURCE,
+    Gpu,
+)
 from runtime_hook.placement import encode_inventory
 from tests.fake_cluster_api import FakeClusterApi
 from webhook.kube import Credentials, Kube
@@ -40,10 +47,11 @@ def gpu_uuid(node: str, index: int) -> str:
 
 def node_object(name: str, memories: list[int], heartbeat: float = NOW,
                 annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    """A Node whose agent published GPUs of ``memories`` bytes at ``heartbeat``."""
+    """A Node labelled for vcuda whose agent published GPUs of ``memories`` bytes at
+    ``heartbeat``."""
     gpus = [Gpu(gpu_uuid(name, i), i, memory) for i, memory in enumerate(memories)]
-    metadata = {"name": name, "annotations": {INVENTORY_ANNOTATION:
-                                              encode_inventory(gpus, int(heartbeat))}}
+    metadata = {"name": name, "labels": {ENABLED_LABEL: "true"},
+                "annotations": {INVENTORY_ANNOTATION: encode_inventory(gpus, int(heartbeat))}}
     metadata["annotations"].update(annotations or {})
     return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "spec": {},
             "status": {"capacity": {"cpu": "64"}, "allocatable": {"cpu": "64"}}}
@@ -81,11 +89,10 @@ def _container(name: str, limits: dict[str, str]) -> dict[str, Any]:
     return {"name": name, "image": "busybox", "resources": {"limits": limits}}
 
 
-def extender_args(pod: dict[str, Any], nodes: list[dict[str, Any]]) -> bytes:
-    """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: false (Go field names:
-    the upstream type has no JSON tags)."""
-    return json.dumps({"Pod": pod, "Nodes": {"metadata": {}, "items": nodes},
-                       "NodeNames": None}).encode()
+def extender_args(pod: dict[str, Any], names: list[str]) -> bytes:
+    """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: true (Go field names:
+    the upstream type has no JSON tags; the nil NodeList is null)."""
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
 
 
 def binding_args(pod: dict[str, Any], node: str) -> bytes:
@@ -187,10 +194,27 @@ class RunningExtender(ExtenderClient):
     async def _start(self, api: FakeClusterApi, strategy: str, max_age: float,
                      clock: Any) -> int:
         self._kube = Kube(credentials(api))
-        binder = Binder(self._kube, CORE_KEYS, strategy, max_age, clock)
-        self.extender = Extender(binder, CORE_KEYS, strategy, max_age, clock)
-        self._server = ExtenderServer(self.extender, make_logger(self._log_stream))
+        self.nodes = NodeView()
+        binder = Binder(self._kube, self.nodes, CORE_KEYS, strategy, max_age, clock)
+        self.extender = Extender(binder, self.nodes, CORE_KEYS, strategy, max_age, clock)
+        log = make_logger(self._log_stream)
+        self._server = ExtenderServer(self.extender, NodeWatch(self._kube, self.nodes, log), log)
         return await self._server.start("127.0.0.1", 0)
+
+    def sync(self, api: FakeClusterApi, timeout: float = 10.0) -> None:
+        """Wait until the extender's view of the nodes shows the vcuda nodes as the API holds
+        them now (its watch is asynchronous, as kube-scheduler's informers are)."""
+        with api.lock:
+            wanted = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+                      for p, o in api.objects.items() if p.startswith("/api/v1/nodes/")
+                      and (o["metadata"].get("labels") or {}).get(ENABLED_LABEL) == "true"}
+        deadline = time.monotonic() + timeout
+        while not (self.nodes.ready and all(
+                (seen := self.nodes.get(name)) is not None and int(seen.version) >= int(version)
+                for name, version in wanted.items())):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the extender's view did not catch up with {wanted}")
+            time.sleep(0.005)
 
     def call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=60)
@@ -230,11 +254,15 @@ class ExtenderProcess(ExtenderClient):
         return self._process.pid
 
     def _ready(self) -> bool:
+        """Whether it answers /readyz: it serves, and has listed the nodes."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=1)
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
-        except OSError:
+            connection.request("GET", "/readyz")
+            return connection.getresponse().status == 200
+        except (http.client.HTTPException, OSError):
             return False
+        finally:
+            connection.close()
 
     def stop(self) -> None:
         """SIGTERM, as a pod's deletion sends it; it answers what is in progress first."""

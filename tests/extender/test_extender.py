@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,42 +54,47 @@ def bind(extender: RunningExtender, pod: dict, node: str) -> str:
     return extender.verb("/bind", binding_args(pod, node)).get("Error", "")
 
 
+def filtered(extender: RunningExtender, api: FakeClusterApi, pod: dict, names: list[str],
+             verb: str = "/filter") -> Any:
+    """``verb`` (filter or prioritize) once the extender's view shows the nodes as stored."""
+    extender.sync(api)
+    return extender.verb(verb, extender_args(pod, names))
+
+
 def test_filter_keeps_only_nodes_where_one_gpu_holds_the_share(
         extender: RunningExtender, api: FakeClusterApi) -> None:
-    roomy, split = node_object("roomy", [16 * GIB, 16 * GIB]), node_object("split", [8 * GIB] * 4)
+    add(api, node_object("roomy", [16 * GIB, 16 * GIB]), node_object("split", [8 * GIB] * 4))
     pod = pod_object("p", cores=30, memory_gib=10)
-    result = extender.verb("/filter", extender_args(pod, [roomy, split]))
-    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["roomy"]
-    assert result["Nodes"]["items"][0] == roomy  # handed back as it came
+    result = filtered(extender, api, pod, ["roomy", "split"])
+    assert result["NodeNames"] == ["roomy"]
     assert result["FailedNodes"] == {
         "split": "no GPU has 30% and 10 GiB free (GPU 0 has 100% and 8 GiB free, the closest)"}
 
 
 def test_a_node_whose_agent_stopped_publishing_is_filtered_out_for_good_with_the_reason(
-        extender: RunningExtender) -> None:
-    stale = node_object("stale", [16 * GIB], heartbeat=NOW - 600)
-    result = extender.verb("/filter", extender_args(pod_object("p", 10, 1), [stale]))
-    assert result["Nodes"]["items"] == []
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    add(api, node_object("stale", [16 * GIB], heartbeat=NOW - 600))
+    result = filtered(extender, api, pod_object("p", 10, 1), ["stale"])
+    assert result["NodeNames"] == []
     assert result["FailedAndUnresolvableNodes"]["stale"].startswith(
         "the vcuda node agent last published this node's GPUs 600 s ago (limit 120 s)")
 
 
 def test_a_pod_not_admitted_by_the_webhook_fails_every_node_with_what_to_do(
-        extender: RunningExtender) -> None:
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    add(api, node_object("n", [GIB]))
     pod = pod_object("p", cores=30, memory_gib=1)
     del pod["metadata"]["annotations"]
-    result = extender.verb("/filter", extender_args(pod, [node_object("n", [GIB])]))
+    result = filtered(extender, api, pod, ["n"])
     assert "recreate the pod through it" in result["FailedAndUnresolvableNodes"]["n"]
 
 
 def test_prioritize_scores_the_fuller_node_higher_under_binpack(
         extender: RunningExtender, api: FakeClusterApi) -> None:
-    busy, empty = add(api, node_object("busy", [16 * GIB] * 2),
-                      node_object("empty", [16 * GIB] * 2))
+    add(api, node_object("busy", [16 * GIB] * 2), node_object("empty", [16 * GIB] * 2))
     first = add(api, pod_object("first", cores=50, memory_gib=8))[0]
     assert bind(extender, first, "busy") == ""
-    busy = stored_node(api, "busy")
-    scores = extender.verb("/prioritize", extender_args(pod_object("p", 20, 2), [busy, empty]))
+    scores = filtered(extender, api, pod_object("p", 20, 2), ["busy", "empty"], "/prioritize")
     by_host = {s["Host"]: s["Score"] for s in scores}
     assert by_host["busy"] > by_host["empty"] >= 0 and max(by_host.values()) <= 10
 
@@ -148,9 +154,9 @@ def test_a_concurrent_bind_on_the_same_node_makes_the_ledger_write_retry_and_see
 
 def test_a_pod_filtered_while_a_bind_is_writing_counts_the_room_that_bind_takes(
         extender: RunningExtender, api: FakeClusterApi) -> None:
-    node = add(api, node_object("n", [16 * GIB]))[0]  # the scheduler's copy: no ledger yet
+    add(api, node_object("n", [16 * GIB]))
     first, second = add(api, pod_object("a", 60, 10), pod_object("b", 60, 10))
-    extender.verb("/filter", extender_args(stored_pod(api, first), [node]))
+    filtered(extender, api, stored_pod(api, first), ["n"])
     next_pod = stored_pod(api, second)  # read now: the held write holds the API's lock
     writing, written = threading.Event(), threading.Event()
 
@@ -165,7 +171,7 @@ def test_a_pod_filtered_while_a_bind_is_writing_counts_the_room_that_bind_takes(
     binding.start()
     try:
         assert writing.wait(10)
-        answer = extender.verb("/filter", extender_args(next_pod, [node]))
+        answer = extender.verb("/filter", extender_args(next_pod, ["n"]))
     finally:
         written.set()
         binding.join()
@@ -180,9 +186,9 @@ def test_a_bind_on_a_node_outside_the_best_scored_ones_counts_only_once_written(
         "other-uid": Entry("team/other", int(NOW), Assignment((gpu_uuid("busy", 0), 30, GIB),
                                                              ()))})})
     empty = [node_object(f"e{i:02d}", [16 * GIB]) for i in range(EXPECTED_NODES)]
-    nodes = add(api, busy, *empty)  # binpack scores busy first: the last empty one is 17th
+    names = [n["metadata"]["name"] for n in add(api, busy, *empty)]  # busy first: 17th is last
     first, second = add(api, pod_object("a", 60, 10), pod_object("b", 60, 10))
-    extender.verb("/filter", extender_args(stored_pod(api, first), nodes))
+    filtered(extender, api, stored_pod(api, first), names)
     next_pod = stored_pod(api, second)
     writing, written = threading.Event(), threading.Event()
 
@@ -197,20 +203,19 @@ def test_a_bind_on_a_node_outside_the_best_scored_ones_counts_only_once_written(
     binding.start()
     try:
         assert writing.wait(10)
-        answer = extender.verb("/filter", extender_args(next_pod, nodes))
+        answer = extender.verb("/filter", extender_args(next_pod, names))
     finally:
         written.set()
         binding.join()
-    kept = [n["metadata"]["name"] for n in answer["Nodes"]["items"]]
-    assert kept == [n["metadata"]["name"] for n in nodes]  # the last one too: a not counted
+    assert answer["NodeNames"] == names  # the last one too: a not counted
 
 
 def test_bind_takes_the_gpu_filter_found_while_it_still_fits(
         extender: RunningExtender, api: FakeClusterApi) -> None:
     node = add(api, node_object("n", [16 * GIB, 16 * GIB]))[0]
     pod = add(api, pod_object("a", 10, 1))[0]
-    kept = extender.verb("/filter", extender_args(stored_pod(api, pod), [node]))
-    assert [n["metadata"]["name"] for n in kept["Nodes"]["items"]] == ["n"]  # on GPU 0
+    kept = filtered(extender, api, stored_pod(api, pod), ["n"])
+    assert kept["NodeNames"] == ["n"]  # on GPU 0
     # Meanwhile another replica bound a pod on GPU 1: binpack alone would now pick GPU 1.
     other = Entry("team/other", int(NOW), Assignment((gpu_uuid("n", 1), 30, 2 * GIB), ()))
     node["metadata"]["annotations"][LEDGER_ANNOTATION] = encode_ledger({"other-uid": other})
@@ -231,31 +236,30 @@ def test_a_pod_replaced_under_the_same_name_is_not_bound(
     assert error.startswith("pod team/p was replaced")
 
 
-def test_bind_after_filter_uses_the_pod_the_scheduler_sent_and_reads_only_the_node(
+def test_bind_after_filter_uses_the_pod_the_scheduler_sent_and_the_node_as_last_seen(
         extender: RunningExtender, api: FakeClusterApi) -> None:
-    node = add(api, node_object("n", [16 * GIB]))[0]
+    add(api, node_object("n", [16 * GIB]))
     pod = stored_pod(api, add(api, pod_object("p", 10, 1))[0])  # as the scheduler's cache
-    extender.verb("/filter", extender_args(pod, [node]))
+    filtered(extender, api, pod, ["n"])
     api.requests.clear()
     assert bind(extender, pod, "n") == ""
-    assert [(r.method, r.path) for r in api.requests] == [
-        ("GET", "/api/v1/nodes/n"), ("PATCH", "/api/v1/nodes/n"),
-        ("POST", "/api/v1/namespaces/team/pods/p/binding")]
+    assert [(r.method, r.path) for r in api.requests if "watch" not in r.query] == [
+        ("PATCH", "/api/v1/nodes/n"), ("POST", "/api/v1/namespaces/team/pods/p/binding")]
     assert stored_pod(api, pod)["spec"]["nodeName"] == "n"
 
 
 def test_the_ledger_a_bind_wrote_is_counted_by_the_next_filter_without_decoding_it_again(
         extender: RunningExtender, api: FakeClusterApi, monkeypatch: pytest.MonkeyPatch) -> None:
-    node = add(api, node_object("n", [16 * GIB]))[0]
+    add(api, node_object("n", [16 * GIB]))
     first = stored_pod(api, add(api, pod_object("p", 60, 1))[0])
-    extender.verb("/filter", extender_args(first, [node]))
+    filtered(extender, api, first, ["n"])
     assert bind(extender, first, "n") == ""
     decoded: list[str] = []
     decode = policy.decode_ledger
     monkeypatch.setattr(policy, "decode_ledger", lambda text: decoded.append(text) or decode(text))
     second = stored_pod(api, add(api, pod_object("q", 50, 1))[0])
     written = stored_node(api, "n")
-    answer = extender.verb("/filter", extender_args(second, [written]))
+    answer = extender.verb("/filter", extender_args(second, ["n"]))  # the view has the write
     assert answer["FailedNodes"] == {"n": "no GPU has 50% and 1 GiB free (GPU 0 has 40% and "
                                             "15 GiB free, the closest)"}
     assert decoded == []
@@ -265,9 +269,9 @@ def test_the_ledger_a_bind_wrote_is_counted_by_the_next_filter_without_decoding_
 
 def test_a_pod_replaced_after_filter_is_not_bound_and_its_room_is_given_back(
         extender: RunningExtender, api: FakeClusterApi) -> None:
-    node = add(api, node_object("n", [16 * GIB]))[0]
+    add(api, node_object("n", [16 * GIB]))
     old = add(api, pod_object("p", 10, 1))[0]
-    extender.verb("/filter", extender_args(stored_pod(api, old), [node]))
+    filtered(extender, api, stored_pod(api, old), ["n"])
     api.remove("/api/v1/namespaces/team/pods/p")
     add(api, pod_object("p", 10, 1))
     assert bind(extender, old, "n").startswith("pod team/p was replaced")
@@ -292,15 +296,23 @@ def test_whole_gpu_pods_get_unused_gpus_and_shared_pods_never_land_on_them(
 
 @pytest.mark.parametrize(("path", "body", "message"), [
     ("/filter", b"{not json", "not ExtenderArgs: JSON is malformed"),
-    ("/filter", b'{"Nodes": {"items": []}, "NodeNames": null}', "ExtenderArgs without a pod"),
-    ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": null, "NodeNames": ["a"]}',
-     "configure this extender with nodeCacheCapable: false"),
-    ("/filter", b'{"pod": {"metadata": {}, "spec": {}}, "nodenames": ["a"]}',
-     "configure this extender with nodeCacheCapable: false"),
-    ("/prioritize", b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": [{}]}}',
-     "ExtenderArgs.Nodes.items[0] has no metadata.name"),
-    ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": 3}}',
-     "Expected `array | null`, got `int` - at `$.Nodes.items`"),
+    ("/filter", b'{"Nodes": null, "NodeNames": ["a"]}', "ExtenderArgs without a pod"),
+    ("/filter", b'{"Pod": {"metadata": {}}, "NodeNames": ["a"]}',
+     "ExtenderArgs.Pod has no metadata or spec object"),
+    ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": {"items": []}, '
+                b'"NodeNames": null}',
+     "ExtenderArgs has Nodes and no NodeNames: configure this extender with "
+     "nodeCacheCapable: true"),
+    ("/prioritize", b'{"pod": {"metadata": {}, "spec": {}}, "nodes": {"items": []}}',
+     "configure this extender with nodeCacheCapable: true"),
+    ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "Nodes": null, "NodeNames": null}',
+     'ExtenderArgs without node names: the body needs "NodeNames"'),
+    ("/prioritize", b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": ["a", ""]}',
+     "ExtenderArgs.NodeNames[1] is empty"),
+    ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": 3}',
+     "Expected `array | null`, got `int` - at `$.NodeNames`"),
+    ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": [7]}',
+     "Expected `str`, got `int` - at `$.NodeNames[0]`"),
     ("/bind", b'{"PodName": "p", "PodNamespace": "team", "PodUID": "u"}',
      "ExtenderBindingArgs.Node is empty"),
     ("/bind", b'[]', "not ExtenderBindingArgs: Expected `object`, got `array`"),
@@ -356,12 +368,11 @@ def test_room_of_a_pod_bound_then_deleted_comes_back_once_its_ledger_line_is_pru
     first = add(api, pod_object("first", 60, 10))[0]
     assert bind(extender, first, "n") == ""
     later = pod_object("later", 60, 10)
-    seen = extender.verb("/filter", extender_args(later, [stored_node(api, "n")]))
-    assert seen["Nodes"]["items"] == []  # the first pod holds the room
+    assert filtered(extender, api, later, ["n"])["NodeNames"] == []  # the first pod holds it
     pruned = stored_node(api, "n")
     pruned["metadata"]["annotations"][LEDGER_ANNOTATION] = '{"version":1,"pods":{}}'
-    again = extender.verb("/filter", extender_args(later, [pruned]))
-    assert [n["metadata"]["name"] for n in again["Nodes"]["items"]] == ["n"]
+    add(api, pruned)  # as the node agent prunes the line of a pod gone
+    assert filtered(extender, api, later, ["n"])["NodeNames"] == ["n"]
 
 
 def test_room_of_a_pod_whose_line_was_pruned_before_filter_saw_it_comes_back_at_the_next_heartbeat(
@@ -373,12 +384,11 @@ def test_room_of_a_pod_whose_line_was_pruned_before_filter_saw_it_comes_back_at_
         first = add(api, pod_object("first", 60, 10))[0]
         assert bind(extender, first, "n") == ""
         later = pod_object("later", 60, 10)
-        unseen = node_object("n", [16 * GIB], heartbeat=NOW)  # a copy from before the bind
-        held = extender.verb("/filter", extender_args(later, [unseen]))
-        assert held["Nodes"]["items"] == []  # the bind not in this copy is counted
+        add(api, node_object("n", [16 * GIB], heartbeat=NOW))  # line pruned, no heartbeat since
+        held = filtered(extender, api, later, ["n"])
+        assert held["NodeNames"] == []  # the bind the view does not show is counted
         clock[0] = NOW + 5
-        republished = node_object("n", [16 * GIB], heartbeat=NOW + 4)  # line pruned meanwhile
-        again = extender.verb("/filter", extender_args(later, [republished]))
-        assert [n["metadata"]["name"] for n in again["Nodes"]["items"]] == ["n"]
+        add(api, node_object("n", [16 * GIB], heartbeat=NOW + 4))  # published after the bind
+        assert filtered(extender, api, later, ["n"])["NodeNames"] == ["n"]
     finally:
         extender.stop()

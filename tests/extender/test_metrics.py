@@ -1,5 +1,6 @@
 """The extender's /metrics, scraped over HTTP and read with Prometheus' own parser: calls by verb
-and outcome with their latency, bind conflicts redone, nodes left out for stale inventory."""
+and outcome with their latency, bind conflicts redone, nodes left out for stale inventory or
+for not being vcuda nodes."""
 
 from __future__ import annotations
 
@@ -46,8 +47,9 @@ def test_calls_are_counted_by_verb_and_outcome_with_their_latency(
     big, small = pod_object("big", 60, 10), pod_object("small", 60, 10)
     for pod in (big, small):
         api.add_pod(pod)
-        extender.verb("/filter", extender_args(pod, [node]))
-    extender.verb("/prioritize", extender_args(big, [node]))
+        extender.sync(api)
+        extender.verb("/filter", extender_args(pod, ["n"]))
+    extender.verb("/prioritize", extender_args(big, ["n"]))
     assert extender.verb("/bind", binding_args(big, "n")) == {}
     assert "Error" in extender.verb("/bind", binding_args(small, "n"))  # no room left
     assert extender.post("/filter", b"{}")[0] == 400
@@ -68,17 +70,22 @@ def test_calls_are_counted_by_verb_and_outcome_with_their_latency(
 
 
 def test_a_node_whose_agent_stopped_publishing_is_counted_as_left_out_for_stale_inventory(
-        extender: RunningExtender) -> None:
+        extender: RunningExtender, api: FakeClusterApi) -> None:
     stale = node_object("stale", [16 * GIB], heartbeat=NOW - 600)
     bare = node_object("bare", [16 * GIB])
     del bare["metadata"]["annotations"]
     fresh = node_object("fresh", [GIB])  # too small: failed, not left out
+    for node in (stale, bare, fresh):
+        api.put(f"/api/v1/nodes/{node['metadata']['name']}", node)
+    extender.sync(api)
     for _ in range(2):
-        extender.verb("/filter", extender_args(pod_object("p", 10, 2), [stale, bare, fresh]))
+        extender.verb("/filter", extender_args(pod_object("p", 10, 2),
+                                               ["stale", "bare", "fresh", "unknown"]))
     found = scrape(extender)
     left_out = "vcuda_extender_nodes_left_out_total"
     assert found[(left_out, (("cause", "stale_inventory"),))] == 2
     assert found[(left_out, (("cause", "no_inventory"),))] == 2
+    assert found[(left_out, (("cause", "not_vcuda_node"),))] == 2
     assert found[(left_out, (("cause", "unreadable_inventory"),))] == 0
 
 

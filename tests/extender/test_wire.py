@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import msgspec
 import pytest
 
 from extender.wire import (
@@ -33,30 +32,28 @@ UPSTREAM = {
 }
 
 
-def test_extender_args_as_kube_scheduler_marshals_them_are_read() -> None:
-    pod, node = pod_object("p", 10, 1), node_object("n", [GIB])
-    body = json.dumps(dict(zip(UPSTREAM["ExtenderArgs"], (pod, {"metadata": {}, "items": [node]},
-                                                          None)))).encode()
+def test_extender_args_as_kube_scheduler_marshals_them_with_a_node_cache_are_read() -> None:
+    # nodeCacheCapable: true: NodeNames set, Nodes a nil pointer (null).
+    pod = pod_object("p", 10, 1)
+    body = json.dumps(dict(zip(UPSTREAM["ExtenderArgs"], (pod, None, ["a", "b"])))).encode()
     args = parse_args(body)
     assert args.pod == pod
-    assert [head.metadata.name for head in args.nodes] == ["n"]
+    assert args.names == ["a", "b"]
 
 
 def test_extender_args_of_the_older_tagged_types_are_read_too() -> None:
+    pod = pod_object("p", 10, 1)
+    args = parse_args(json.dumps({"pod": pod, "nodenames": ["n"]}).encode())
+    assert args.pod == pod and args.names == ["n"]
+
+
+def test_extender_args_with_whole_nodes_say_to_configure_the_node_cache() -> None:
+    # nodeCacheCapable: false: Nodes set, NodeNames a nil pointer (null).
     pod, node = pod_object("p", 10, 1), node_object("n", [GIB])
-    args = parse_args(json.dumps({"pod": pod, "nodes": {"items": [node]}}).encode())
-    assert args.pod == pod and [head.metadata.name for head in args.nodes] == ["n"]
-
-
-def test_extender_args_read_without_the_nodes_as_they_came_give_the_same_heads() -> None:
-    pod, nodes = pod_object("p", 10, 1), [node_object("a", [GIB]), node_object("b", [GIB])]
-    body = json.dumps({"Pod": pod, "Nodes": {"items": nodes}}).encode()
-    whole, heads = parse_args(body), parse_args(body, whole=False)
-    assert heads.nodes == whole.nodes and heads.pod == pod and heads.raw_nodes == []
-    assert [json.loads(bytes(raw)) for raw in whole.raw_nodes] == nodes
-    with pytest.raises(BadArguments, match=r"Nodes.items\[1\] has no metadata.name"):
-        parse_args(json.dumps({"Pod": pod, "Nodes": {"items": [nodes[0], {}]}}).encode(),
-                   whole=False)
+    body = json.dumps(dict(zip(UPSTREAM["ExtenderArgs"], (pod, {"metadata": {}, "items": [node]},
+                                                          None)))).encode()
+    with pytest.raises(BadArguments, match="configure this extender with nodeCacheCapable: true"):
+        parse_args(body)
 
 
 def test_binding_args_as_kube_scheduler_marshals_them_are_read() -> None:
@@ -76,10 +73,11 @@ def test_binding_args_without_a_field_name_it(missing: str) -> None:
 
 
 def test_answers_use_only_the_upstream_field_names() -> None:
-    kept = [msgspec.Raw(json.dumps(node_object("n", [GIB])).encode())]
-    filtered = json.loads(filter_result(kept, {"a": "full"}, {"b": "stale"}, "broken"))
-    assert set(filtered) == set(UPSTREAM["ExtenderFilterResult"]) - {"NodeNames"}
-    assert filtered["Nodes"]["items"][0]["metadata"]["name"] == "n"
+    filtered = json.loads(filter_result(["n"], {"a": "full"}, {"b": "stale"}))
+    assert set(filtered) == set(UPSTREAM["ExtenderFilterResult"]) - {"Nodes", "Error"}
+    assert filtered == {"NodeNames": ["n"], "FailedNodes": {"a": "full"},
+                        "FailedAndUnresolvableNodes": {"b": "stale"}}
+    assert json.loads(filter_result([], {}, {})) == {"NodeNames": []}  # none kept: not null
     scores = json.loads(priority_list([("n", 7)]))
     assert scores == [dict(zip(UPSTREAM["HostPriority"], ("n", 7)))]
     assert json.loads(binding_result("no room")) == {"Error": "no room"}

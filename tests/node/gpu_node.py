@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runtime_hook.contract import Gpu
+from runtime_hook.contract import ENABLED_LABEL, Gpu
 from runtime_hook.node.advertise import NodeStatus
 from runtime_hook.node.placement_agent import Paths, Placement
 from tests.extender.cluster import CORE_KEYS, gpu_uuid
@@ -17,9 +17,12 @@ from tests.node.fake_kubelet import FakeKubelet
 
 
 def register(api: FakeClusterApi, name: str) -> None:
-    """The Node object of ``name``, as kubelet creates it when the node joins."""
+    """The Node object of ``name``, as kubelet creates it when the node joins, labelled to run
+    vcuda's node DaemonSet."""
     api.put(f"/api/v1/nodes/{name}", {"apiVersion": "v1", "kind": "Node",
-                                      "metadata": {"name": name}, "spec": {}, "status": {}})
+                                      "metadata": {"name": name,
+                                                   "labels": {ENABLED_LABEL: "true"}},
+                                      "spec": {}, "status": {}})
 
 
 def gpus(name: str, memories: list[int]) -> list[Gpu]:

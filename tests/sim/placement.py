@@ -2,9 +2,10 @@
 
 - The API: one fake API server (TLS, resourceVersions, conditional writes, Bindings).
 - The scheduler: a driver that does what kube-scheduler does with an extender configured
-  ``nodeCacheCapable: false``: one scheduling cycle at a time, ExtenderArgs with the nodes of
-  its cache (refreshed from the API as an informer would), ``/filter`` then ``/prioritize``
-  over HTTP, the best score wins, and ``/bind`` (ExtenderBindingArgs) is sent at once and
+  ``nodeCacheCapable: true``: one scheduling cycle at a time, ExtenderArgs with the names of
+  the candidate nodes (every node here), ``/filter`` then ``/prioritize`` (the names filter
+  kept, each of them one it sent) over HTTP, the best score wins, and ``/bind``
+  (ExtenderBindingArgs) is sent at once and
   answered asynchronously, as the binding cycle does; a failed bind sends the pod back to the
   queue. Two extender replicas, each its own ``vcuda-scheduler-extender`` process: as shipped,
   each scheduler replica calls the extender beside it on 127.0.0.1 and only the leader
@@ -29,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,9 +163,7 @@ class Simulation:
         self._running: dict[str, _Running] = {}
         self._in_flight = 0
         self._bind_slots = threading.BoundedSemaphore(BINDS_IN_FLIGHT)
-        self._node_json: dict[str, bytes] = {}
-        self._node_versions: dict[str, str] = {}
-        self._node_json_at = 0.0
+        self._node_names = msgspec.json.encode(list(self.nodes))
 
     def _extender(self, index: int) -> ExtenderProcess:
         return ExtenderProcess(self.root / "kubeconfig", self.root / f"extender-{index}.log",
@@ -285,15 +284,16 @@ class Simulation:
         extender = self.extenders[self._turn // self.s.leader_cycles % 2]
         self._turn += 1
         pod_json = msgspec.json.encode(pod)
-        nodes = self._cached_nodes()
-        result = _decode_filtered(extender.answer("/filter", _envelope(pod_json, nodes.values())))
-        names = [item.metadata.name for item in result.nodes.items]
+        names = _decode_filtered(extender.answer("/filter", _envelope(pod_json,
+                                                                      self._node_names)))
+        unknown = set(names) - set(self.nodes)
+        assert not unknown, f"the extender kept nodes it was not sent: {unknown}"
         if not names:
             with self._lock:
                 self._unschedulable.append(pod)
             return
         scores = _decode_scores(extender.answer("/prioritize", _envelope(
-            pod_json, (nodes[name] for name in names))))
+            pod_json, msgspec.json.encode(names))))
         best = max(s.score for s in scores)
         choice = self._random.choice([s.host for s in scores if s.score == best])
         assert choice in names
@@ -307,22 +307,6 @@ class Simulation:
         with self._lock:
             self._in_flight += 1
         binds.submit(self._bind, pod, answered, choice)
-
-    def _cached_nodes(self) -> dict[str, bytes]:
-        """The scheduler's informer cache of the nodes, a little behind the API, as JSON; a
-        node is encoded again only when its resourceVersion moved."""
-        now = time.monotonic()
-        if now - self._node_json_at > 0.02:
-            with self.api.lock:
-                stored = [self.api.objects[f"/api/v1/nodes/{name}"] for name in self.nodes]
-                for node in stored:
-                    metadata = node["metadata"]
-                    version = metadata["resourceVersion"]
-                    if self._node_versions.get(metadata["name"]) != version:
-                        self._node_versions[metadata["name"]] = version
-                        self._node_json[metadata["name"]] = _encode(node)
-            self._node_json_at = now
-        return self._node_json
 
     def _cpu(self) -> dict[str, float]:
         """CPU seconds used so far by each of PARTS (the extenders: the current two)."""
@@ -429,22 +413,10 @@ class Simulation:
         return views
 
 
-class _Meta(msgspec.Struct):
-    name: str
-
-
-class _Named(msgspec.Struct):
-    metadata: _Meta
-
-
-class _Items(msgspec.Struct):
-    items: list[_Named] | None = None
-
-
 class _FilterResult(msgspec.Struct):
     """What the scheduler reads of ExtenderFilterResult here: the kept nodes' names."""
 
-    nodes: _Items = msgspec.field(default_factory=_Items, name="Nodes")
+    node_names: list[str] | None = msgspec.field(default=None, name="NodeNames")
     error: str = msgspec.field(default="", name="Error")
 
 
@@ -453,23 +425,21 @@ class _HostPriority(msgspec.Struct, rename="pascal"):
     score: int
 
 
-_encode = msgspec.json.Encoder().encode
 _decode_filter_result = msgspec.json.Decoder(_FilterResult).decode
 _decode_scores = msgspec.json.Decoder(list[_HostPriority]).decode
 
 
-def _decode_filtered(body: bytes) -> _FilterResult:
+def _decode_filtered(body: bytes) -> list[str]:
+    """The names filter kept (kube-scheduler reads NodeNames when nodeCacheCapable)."""
     result = _decode_filter_result(body)
     assert not result.error, result.error
-    if result.nodes.items is None:
-        result.nodes.items = []
-    return result
+    return result.node_names or []
 
 
-def _envelope(pod_json: bytes, nodes_json: Iterable[bytes]) -> bytes:
-    """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: false."""
-    return (b'{"Pod":' + pod_json + b',"Nodes":{"metadata":{},"items":['
-            + b",".join(nodes_json) + b']},"NodeNames":null}')
+def _envelope(pod_json: bytes, names_json: bytes) -> bytes:
+    """ExtenderArgs as kube-scheduler sends them with nodeCacheCapable: true."""
+    return b'{"Pod":' + pod_json + b',"Nodes":null,"NodeNames":' + names_json + b'}'
+
 
 
 def _cpu_seconds(pid: int) -> float:
