@@ -30,6 +30,11 @@ from webhook.tls import CertificateError, CertificateReloader
 DEFAULT_PORT = 8888
 DEFAULT_MAX_AGE = 120.0
 MAX_BODY = 8 << 20  # a Pod (etcd keeps at most 1.5 MiB) and the names of thousands of nodes
+# kube-scheduler opens a connection per bind in flight (its client sets no cap per host), each
+# waiting at most the extender's httpTimeout (10 s as shipped): against a slow API server, the
+# scheduler's rate times that, a couple of thousand at most. Past the cap a new connection is
+# closed at once, and its bind fails.
+MAX_CONNECTIONS = 4096
 
 
 class ExtenderServer:
@@ -44,7 +49,8 @@ class ExtenderServer:
         self._log = log
         # Two bodies of the largest size at once: the scheduler sends one at a time.
         self._serving = Serving(self._dispatch, MAX_BODY, certificates,
-                                guards=Guards(max_buffered=4 * MAX_BODY), log=log)
+                                guards=Guards(max_connections=MAX_CONNECTIONS,
+                                              max_buffered=4 * MAX_BODY), log=log)
         self._routes = {("POST", "/filter"): self._filter, ("POST", "/prioritize"):
                         self._prioritize, ("POST", "/bind"): self._bind,
                         ("GET", "/healthz"): self._ok, ("GET", "/readyz"): self._ready,

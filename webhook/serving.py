@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import resource
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ CLOSE_REASONS = ("connection_limit", "head_timeout", "body_timeout")
 _CHUNK = 64 << 10
 _M_MMAP_THRESHOLD = -3  # mallopt(3)
 _TRIM_AFTER = 1 << 20  # bytes of body let go after which the heap is trimmed
+_SPARE_FILES = 64  # descriptors besides the connections: listening sockets, API clients, logs
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,23 @@ class _Site(web.TCPSite):
                     server_side=True, ssl_handshake_timeout=self._guards.handshake_timeout)
 
 
+def allow_open_files(wanted: int, log: Any = None) -> int:
+    """Raise this process's soft limit of open files to ``wanted`` where the hard limit allows
+    (a connection past it would wait at accept); return the soft limit now (RLIM_INFINITY:
+    none). Logs a warning on ``log`` when the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        if target < wanted and log is not None:
+            log.warning("open_file_limit", limit=target, wanted=wanted,
+                        reason="the hard limit of open files is lower than the connections "
+                               "allowed need: raise it (ulimit -n) for the container runtime")
+    return soft
+
+
 class Serving:
     """``dispatch`` answering on ``host``:``port`` between ``start`` and ``stop``."""
 
@@ -186,6 +205,7 @@ class Serving:
     async def start(self, host: str | None, port: int) -> int:
         """Listen on ``host`` (None: every address) and ``port`` (0: any); return the port."""
         _LIBC.fix_threshold()
+        allow_open_files(self._guards.max_connections + _SPARE_FILES, self._log)
         loop = asyncio.get_running_loop()
         max_body = self._max_body
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 from pathlib import Path
@@ -392,3 +393,36 @@ def test_room_of_a_pod_whose_line_was_pruned_before_filter_saw_it_comes_back_at_
         assert filtered(extender, api, later, ["n"])["NodeNames"] == ["n"]
     finally:
         extender.stop()
+
+
+def test_a_burst_of_binds_on_more_connections_than_the_old_cap_of_128_is_answered_in_full(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    # kube-scheduler opens a connection per bind in flight; against a slow API server they
+    # pile up. Here the API server stalls its first write until every bind is sent.
+    add(api, node_object("n", [16 * GIB]))
+    pods = add(api, *(pod_object(f"p{i}") for i in range(300)))  # no GPU: the Binding only
+    sent = threading.Event()
+
+    def stall_until_every_bind_is_sent(path: str) -> None:
+        api.before_write = None
+        sent.wait(30)
+
+    api.before_write = stall_until_every_bind_is_sent
+    connections = []
+    try:
+        for pod in pods:
+            connection = http.client.HTTPConnection("127.0.0.1", extender.port, timeout=60)
+            connection.request("POST", "/bind", binding_args(pod, "n"),
+                               {"Content-Type": "application/json"})
+            connections.append(connection)
+        sent.set()
+        answers = []
+        for connection in connections:
+            answer = connection.getresponse()
+            answers.append((answer.status, answer.read()))
+    finally:
+        sent.set()
+        for connection in connections:
+            connection.close()
+    assert answers == [(200, b"{}")] * len(pods)
+    assert all(stored_pod(api, pod)["spec"]["nodeName"] == "n" for pod in pods)

@@ -16,6 +16,7 @@ import pytest
 from tests.webhook.builders import pod, review, shared
 from tests.webhook.conftest import RunningServer, SecretVolume, start_server
 from tests.webhook.test_server import metric
+from webhook import serving
 from webhook.serving import Guards
 
 FAST = Guards(max_connections=4, max_buffered=1 << 20, handshake_timeout=0.5,
@@ -189,3 +190,28 @@ def _hold_and_refuse(guarded: RunningServer, chunked: bool) -> None:
     assert _answer_then_close(holder).startswith(b"HTTP/1.1 400")
     status, _ = guarded.post(json.dumps(review(pod(shared("train")))).encode())
     assert status == 200
+
+
+class _Warnings:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict]] = []
+
+    def warning(self, event: str, **fields: object) -> None:
+        self.lines.append((event, fields))
+
+
+@pytest.mark.parametrize(("soft", "hard", "wanted", "now", "warned"), [
+    (1024, 1 << 20, 4160, 4160, False),  # raised as far as wanted
+    (1024, 2048, 4160, 2048, True),  # only as far as the hard limit: said so
+    (8192, 1 << 20, 4160, 8192, False),  # enough already: left alone
+])
+def test_the_open_file_limit_is_raised_for_the_connections_allowed(
+        monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, wanted: int, now: int,
+        warned: bool) -> None:
+    limits = [(soft, hard)]
+    monkeypatch.setattr(serving.resource, "getrlimit", lambda _: limits[-1])
+    monkeypatch.setattr(serving.resource, "setrlimit", lambda _, new: limits.append(new))
+    log = _Warnings()
+    assert serving.allow_open_files(wanted, log) == now
+    assert limits[-1] == (now, hard)
+    assert [event for event, _ in log.lines] == (["open_file_limit"] if warned else [])
