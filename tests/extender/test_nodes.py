@@ -180,3 +180,44 @@ def test_the_shipped_rbac_lets_the_extender_watch_the_nodes_and_bind(
         assert {r.status for r in api.requests} <= {200, 201}
     finally:
         extender.stop()
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    (b"{not json", "a node watch event is not JSON of an event: JSON is malformed: object "
+                   "keys must be strings (byte 1)"),
+    (b'{"object": {}}', "a node watch event is not JSON of an event: Object missing required "
+                        "field `type`"),
+    (b'{"type": "RENAMED", "object": {"metadata": {"name": "n"}}}',
+     "a node watch event of unknown type 'RENAMED'"),
+    (b'{"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", '
+     b'"message": "too old resource version: 5 (9)"}}',
+     "the API server ended the node watch: 410 too old resource version: 5 (9)"),
+])
+def test_a_watch_event_that_cannot_be_applied_ends_the_watch_with_the_reason(
+        line: bytes, message: str) -> None:
+    view = nodes.NodeView()
+    view.replace([nodes.Meta("n", "3", {})], "3")
+    watch = nodes.NodeWatch(None, view, None)  # type: ignore[arg-type]  # no call is made
+    with pytest.raises(nodes.WatchError) as raised:
+        watch._apply(line)
+    assert str(raised.value) == message
+    assert view.get("n") == nodes.Meta("n", "3", {})  # nothing applied
+
+
+def test_watch_events_keep_the_view_and_never_take_a_node_back_to_an_older_version() -> None:
+    view = nodes.NodeView()
+    view.replace([nodes.Meta("n", "3", {"a": "1"})], "3")
+    watch = nodes.NodeWatch(None, view, None)  # type: ignore[arg-type]  # no call is made
+    view.put(nodes.Meta("n", "7", {"a": "bind's write"}))  # answered before its event came
+    for line in (b'{"type": "MODIFIED", "object": {"metadata": {"name": "n", '
+                 b'"resourceVersion": "5", "annotations": {"a": "older"}}}}',
+                 b'{"type": "ADDED", "object": {"metadata": {"name": "m", '
+                 b'"resourceVersion": "6"}}}',
+                 b'{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "8"}}}'):
+        watch._apply(line)
+    assert view.get("n") == nodes.Meta("n", "7", {"a": "bind's write"})
+    assert view.get("m") == nodes.Meta("m", "6", None)
+    assert view.version == "8"
+    watch._apply(b'{"type": "DELETED", "object": {"metadata": {"name": "m", '
+                 b'"resourceVersion": "9"}}}')
+    assert view.get("m") is None and view.version == "9"
