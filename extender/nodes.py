@@ -118,11 +118,13 @@ class NodeWatch:
                 failures = 0
                 while True:
                     await self._watch()
-            except (KubeError, WatchError) as exc:
+            except Exception as exc:  # a fault of this code too: never a view stuck as ready
                 self.view.ready = False
-                self._log.warning("node_watch_failed", reason=str(exc))
-                await asyncio.sleep(_RETRY_SECONDS[min(failures, len(_RETRY_SECONDS) - 1)])
-                failures += 1
+                expected = isinstance(exc, (KubeError, WatchError))
+                self._log.warning("node_watch_failed", reason=str(exc) if expected
+                                  else f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(_RETRY_SECONDS[min(failures, len(_RETRY_SECONDS) - 1)])
+            failures += 1
 
     async def _list(self) -> None:
         try:

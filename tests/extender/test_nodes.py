@@ -221,3 +221,30 @@ def test_watch_events_keep_the_view_and_never_take_a_node_back_to_an_older_versi
     watch._apply(b'{"type": "DELETED", "object": {"metadata": {"name": "m", '
                  b'"resourceVersion": "9"}}}')
     assert view.get("m") is None and view.version == "9"
+
+
+def test_an_unexpected_fault_in_the_watch_makes_the_view_not_ready_and_it_is_listed_again(
+        api: FakeClusterApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    api.put("/api/v1/nodes/n", node_object("n", [16 * GIB]))
+    log = tmp_path / "extender.log"
+    extender = RunningExtender(api, log)
+    try:
+        extender.sync(api)
+        apply = nodes.NodeWatch._apply
+        faults = [RuntimeError("a fault of the extender's own")]
+
+        def faulty(watch: nodes.NodeWatch, line: bytes) -> None:
+            if faults:
+                raise faults.pop()
+            apply(watch, line)
+
+        monkeypatch.setattr(nodes.NodeWatch, "_apply", faulty)
+        api.put("/api/v1/nodes/m", node_object("m", [16 * GIB]))
+        eventually(lambda: len(events(log, "nodes_listed")) == 2)
+        [failed] = events(log, "node_watch_failed")
+        assert failed["reason"] == "RuntimeError: a fault of the extender's own"
+        extender.sync(api)  # the new list has m
+        assert extender.verb("/filter", extender_args(pod_object("p", 10, 1), ["n", "m"]))[
+            "NodeNames"] == ["n", "m"]
+    finally:
+        extender.stop()
