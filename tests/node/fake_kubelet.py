@@ -113,12 +113,16 @@ class FakeKubelet:
         except grpc.RpcError:
             pass  # the plugin went away; it registers again when it comes back
 
-    def wait_for_devices(self, resource: str, count: int, timeout: float = 30.0) -> None:
+    def wait_for_devices(self, resource: str, count: int, timeout: float = 30.0,
+                         gone: str | None = None) -> None:
+        """Until ``resource`` has ``count`` devices advertised, ``gone`` not among them."""
         with self._changed:
             if not self._changed.wait_for(
-                    lambda: len(self.devices.get(resource, ())) >= count, timeout):
+                    lambda: len(self.devices.get(resource, ())) >= count
+                    and gone not in self.devices.get(resource, ()), timeout):
                 raise TimeoutError(f"{resource}: {len(self.devices.get(resource, ()))} devices "
-                                   f"advertised, {count} wanted")
+                                   f"advertised, {count} wanted"
+                                   + (f", without {gone}" if gone else ""))
 
     # --- a pod's life -----------------------------------------------------------------------
 

@@ -113,7 +113,8 @@ def test_a_slot_whose_pod_ended_gets_a_new_id_and_its_spec_goes(
     [held] = node.kubelet.held
     node.kubelet.remove("team", "p")
     node.agent_pass()
-    node.kubelet.wait_for_devices("vcuda.io/shared-gpu", 200)
+    # The list sent before the pass has 200 devices too: wait for the one without that slot.
+    node.kubelet.wait_for_devices("vcuda.io/shared-gpu", 200, gone=held.ids[0])
     assert held.ids[0] not in node.kubelet.devices["vcuda.io/shared-gpu"]
     assert node.agent._served["vcuda.io/shared-gpu"].plugin.written() == []
 
