@@ -186,6 +186,8 @@
     CU(cuStreamIsCapturing_ptsz, (CUstream hStream, CUstreamCaptureStatus *captureStatus),         \
        (hStream, captureStatus))                                                                    \
     CU(cuStreamCreate, (CUstream *phStream, unsigned int Flags), (phStream, Flags))                 \
+    CU(cuStreamQuery, (CUstream hStream), (hStream))                                                \
+    CU(cuStreamQuery_ptsz, (CUstream hStream), (hStream))                                           \
     CU(cuEventCreate, (CUevent *phEvent, unsigned int Flags), (phEvent, Flags))                     \
     CU(cuEventRecord, (CUevent hEvent, CUstream hStream), (hEvent, hStream))                        \
     CU(cuEventRecord_ptsz, (CUevent hEvent, CUstream hStream), (hEvent, hStream))                   \

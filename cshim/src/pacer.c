@@ -66,6 +66,18 @@ static void close_record(struct vc_launch *l, enum record_state state)
     pthread_mutex_unlock(&pacer.lock);
 }
 
+/* Whether l's stream has run everything queued on it. Asked in relaxed
+ * capture mode: while any thread captures in the global mode the driver
+ * counts the query as unsafe, and it would break that capture. */
+static bool stream_idle(const struct vc_launch *l)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    vc_real_cuThreadExchangeStreamCaptureMode(&mode);
+    CUresult r = l->ptsz ? vc_real_cuStreamQuery_ptsz(l->stream) : vc_real_cuStreamQuery(l->stream);
+    vc_real_cuThreadExchangeStreamCaptureMode(&mode);
+    return r == CUDA_SUCCESS;
+}
+
 /* Before launch l, which waits for the bucket if waits: ends this thread's
  * open run unless l joins it. A run waiting or done would time an idle
  * device. On l's stream its end event is recorded now, right behind its last
@@ -85,13 +97,19 @@ static void end_run_before(const struct vc_launch *l, bool waits)
     if (r && !here)
         pacer_close_locked(thread_run.seq, thread_run.context, VOID);
     CUevent end = here && !keep ? r->end : NULL;
+    bool overdue = end && vc_clock_ns() > r->drained;
     uint32_t seq = thread_run.seq;
     thread_run.open = keep;
     pthread_mutex_unlock(&pacer.lock);
     if (!end)
         return;
+    /* A run closed after its kernels should be done, on a stream that has
+     * run dry, gets its end event late: it would span the idle time since. */
+    bool late = overdue && stream_idle(l);
     enum record_state state = record_event(end, l) == CUDA_SUCCESS ? ENDED : VOID;
     pthread_mutex_lock(&pacer.lock);
+    if (r->seq == seq)
+        r->late = late;
     pacer_close_locked(seq, l->context, state);
     pthread_mutex_unlock(&pacer.lock);
 }
@@ -133,7 +151,7 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
     pthread_mutex_lock(&pacer.lock);
     struct kernel *k = pacer_claim_kernel(key, l->device);
     l->guessed = k->costs < TRUSTED;
-    l->charged = k->costs ? k->cost : pacer.typical_ns;
+    l->charged = k->costs ? pacer_estimate(k) : pacer.typical_ns;
     bool opened = pacer_plan_timing(l, k, vc_clock_ns());
     pthread_mutex_unlock(&pacer.lock);
     pacer_charge(l->device, l->charged);

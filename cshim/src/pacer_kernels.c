@@ -24,6 +24,16 @@ struct kernel *pacer_claim_kernel(uint64_t key, int device)
     return k;
 }
 
+/* Kernel k's own GPU time as its timed launches tell it so far: what a
+ * launch of it is charged up front, and how long it keeps its stream busy.
+ * Not what its launches were charged lately: that may hold idle time the
+ * estimate leaves out, and a run predicted to drain later than it does
+ * would take in the device's idle time. */
+int64_t pacer_estimate(const struct kernel *k)
+{
+    return k->estimate.count ? k->estimate.ns : k->cost;
+}
+
 /* The most a launch of kernel k is charged once timed: a steady kernel,
  * percent over its estimate (what exceeds that ran while another process had
  * the device); any other, what was measured. */

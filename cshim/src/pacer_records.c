@@ -36,6 +36,8 @@ static bool take_record(struct vc_launch *l, const struct kernel *k, bool with_s
         .generation = placed ? c->published : -1,
         .charged = l->charged,
         .cap = pacer_cap(k, OVER_PERCENT),
+        .estimated = pacer_estimate(k),
+        .one_stream = pacer.same_stream >= ONE_STREAM,
         .seq = l->record,
         .state = OPEN,
     };
@@ -69,7 +71,7 @@ static void open_run_with(struct vc_launch *l, const struct kernel *k, uint64_t 
     struct record *r = &pacer.records[l->record % RECORDS];
     r->launches = 1;
     r->cap = pacer_cap(k, RUN_OVER_PERCENT);
-    r->drained = now + l->charged;
+    r->drained = now + r->estimated;
     thread_run.open = true;
     thread_run.seq = l->record;
     thread_run.context = l->context;
@@ -83,8 +85,9 @@ static void join_run(struct vc_launch *l, const struct kernel *k, int64_t now)
     r->launches++;
     r->charged += l->charged;
     r->cap += pacer_cap(k, RUN_OVER_PERCENT);
+    r->estimated += pacer_estimate(k);
     r->mixed = r->mixed || k->key != r->key;
-    r->drained = (r->drained > now ? r->drained : now) + l->charged;
+    r->drained = (r->drained > now ? r->drained : now) + pacer_estimate(k);
     l->timed = true;
     l->record = thread_run.seq;
     l->ends = r->launches == RUN;

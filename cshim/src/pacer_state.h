@@ -37,6 +37,7 @@
 #define SMALL_NS 200000         /* a kernel shorter than this is timed in runs */
 #define ONE_STREAM 64           /* ... when the process's last launches all went to one stream */
 #define RUN 32                  /* the most launches a run times with one pair of events */
+#define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
 #define RUN_STALE_NS 20000000   /* a run this long past its projected end is given up */
 #define OVER_PERCENT 25         /* a launch is charged at most this much over its estimate */
 #define RUN_OVER_PERCENT 10     /* ... in a run, whose mean time strays less than one's */
@@ -104,6 +105,9 @@ struct record {
     uint32_t seq;               /* its number: a run's owner knows it by it */
     uint32_t launches;          /* it times; 0: a single launch, not a run */
     bool mixed;                 /* a run of several kernels: no one kernel's time */
+    bool one_stream;            /* launched while the process launched on one stream */
+    bool late;                  /* a run whose stream had run dry when its end event was recorded */
+    int64_t estimated;          /* its kernels' estimates added up */
     int64_t drained;            /* a run: when its launches' kernels should be done (clock) */
     enum record_state state;
 };
@@ -157,6 +161,7 @@ void pacer_wait(int device);
 /* pacer_kernels.c (lock held) */
 struct kernel *pacer_kernel(uint64_t key);
 struct kernel *pacer_claim_kernel(uint64_t key, int device);
+int64_t pacer_estimate(const struct kernel *k);
 int64_t pacer_cap(const struct kernel *k, int64_t percent);
 void pacer_learn_cost(struct kernel *k, int64_t cost);
 void pacer_remember_guess(const struct vc_launch *l);

@@ -37,17 +37,30 @@ static void charge_record(struct record *r, const struct reading *m)
         start = m->start;
     else if (m->start < 0 && lane->stream == r->stream && lane->end > start)
         start = lane->end;
+    /* In a process launching on one stream: its first kernel queued behind
+     * the stream's last one, and began as that one ended; else the stream was
+     * idle, and its start event (or its launch call) came some us before its
+     * kernel did. */
+    bool queued = !r->one_stream || (lane->stream == r->stream
+                  && (m->start >= 0 ? m->start : m->launching) <= lane->end + QUEUED_NS);
     *lane = (struct lane){.stream = r->stream, .end = m->end};
     int64_t from = start > c->covered ? start : c->covered;
     int64_t cost = m->end > from ? m->end - from : 0;
     int64_t launches = r->launches ? r->launches : 1;
     if (m->end > c->covered)
         c->covered = m->end;
-    cost = cost < r->cap ? cost : r->cap;
-    /* A run of several kernels tells no one kernel's time: it only corrects the bucket. */
-    if (k && !r->mixed && m->end > start)
+    /* A late run, or a steady kernel that found its stream idle, is charged
+     * no more than its kernels' estimates: past them the device idled. */
+    int64_t cap = r->cap, estimated = r->estimated + r->estimated * RUN_OVER_PERCENT / 100;
+    if (r->late || (!queued && !r->mixed && k && k->estimate.steady))
+        cap = cap < estimated ? cap : estimated;
+    cost = cost < cap ? cost : cap;
+    /* A run of several kernels, or a late one, tells no one kernel's time:
+     * it only corrects the bucket; nor does one that found its stream idle. */
+    bool tells = k && !r->mixed && !r->late;
+    if (tells && queued && m->end > start)
         vc_estimate_add(&k->estimate, (m->end - start) / launches, vc_clock_ns());
-    if (k && !r->mixed)
+    if (tells)
         pacer_learn_cost(k, cost / launches);
     pacer_charge(r->device, cost - r->charged);
     pacer.tally.corrected_ns += cost - r->charged;

@@ -297,3 +297,17 @@ def test_at_exit_the_log_tells_how_the_launches_were_timed_waited_and_charged(
     # At 30% of the device, 1 ms kernels back to back wait about 70% of the time.
     assert waits > 0 and 0.5 <= waited <= 1.0, (waits, waited)
     assert up_front > 0
+
+
+def test_a_kernel_every_50_us_using_40_percent_under_60_is_charged_its_own_time(
+    gpu: FakeGpu,
+) -> None:
+    # A loop whose host launches a little slower than the device runs: each
+    # kernel finds its stream idle or nearly so. Its idle time is not charged,
+    # so at 60 it is never held back.
+    limited(gpu, 60)
+    lines = gpu.lines(*LOAD, "gaps", str(20 * US), "50", "1500")
+    launches, slow = int(lines[-1][1]), int(lines[-1][2])
+    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    assert charged <= 1.25 * 20 * US, charged
+    assert slow <= launches // 100, slow
