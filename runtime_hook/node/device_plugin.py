@@ -196,7 +196,10 @@ def _messages() -> Any:
 
 
 class Served:
-    """One plugin on its socket in kubelet's device-plugins folder, registered with kubelet."""
+    """One plugin on its socket in kubelet's device-plugins folder, registered with kubelet.
+
+    ``start`` and ``stop`` may be called from any thread: a lock keeps one from running into
+    the other, and a server is only ever the one its own call made."""
 
     def __init__(self, plugin: DevicePlugin, plugin_dir: str, log: logging.Logger) -> None:
         self.plugin = plugin
@@ -205,31 +208,52 @@ class Served:
         name = plugin.resource.replace("/", "-").replace(".", "-")
         self.endpoint = f"{name}.sock"
         self.socket = os.path.join(plugin_dir, self.endpoint)
+        self._lock = threading.Lock()
         self._server: Any = None
+        self._stopped = False
 
     def start(self) -> None:
-        """Serve on the socket (replacing a stale one) and register with kubelet."""
+        """Serve on the socket and register with kubelet. A server already running is stopped
+        first (kubelet removed its socket when it restarted; kubelet cannot reach it any
+        more). RuntimeError when kubelet refuses or does not answer the registration: nothing
+        is served then, so the next call tries again."""
         import grpc
 
         from runtime_hook.node.protos import load
 
         _, services = load("deviceplugin")
-        if os.path.exists(self.socket):
-            os.unlink(self.socket)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        services.add_DevicePluginServicer_to_server(self.plugin, self._server)
-        self._server.add_insecure_port(f"unix://{self.socket}")
-        self._server.start()
-        self._register()
+        with self._lock:
+            if self._stopped:
+                raise RuntimeError(f"the device plugin of {self.plugin.resource} was stopped")
+            self._stop_server(grace=0)
+            if os.path.exists(self.socket):
+                os.unlink(self.socket)
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+            services.add_DevicePluginServicer_to_server(self.plugin, server)
+            server.add_insecure_port(f"unix://{self.socket}")
+            server.start()
+            try:
+                self._register()
+            except grpc.RpcError as exc:
+                server.stop(grace=0).wait()
+                raise RuntimeError(f"registering {self.plugin.resource} with kubelet "
+                                   f"({os.path.join(self._dir, KUBELET_SOCKET)}): "
+                                   f"{exc.code().name} {exc.details()}") from None
+            self._server = server
 
     def alive(self) -> bool:
         """False when kubelet removed the socket (it does when it restarts)."""
         return self._server is not None and os.path.exists(self.socket)
 
     def stop(self) -> None:
-        self.plugin.stop()
+        with self._lock:
+            self._stopped = True
+            self.plugin.stop()
+            self._stop_server(grace=1)
+
+    def _stop_server(self, grace: float) -> None:
         if self._server is not None:
-            self._server.stop(grace=1).wait()
+            self._server.stop(grace=grace).wait()
             self._server = None
 
     def _register(self) -> None:

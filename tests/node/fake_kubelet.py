@@ -147,8 +147,15 @@ class FakeKubelet:
             ids = self._random.sample(free, count)
             held = Held(metadata["namespace"], metadata["name"], container, resource, ids)
             self.held.append(held)
-        answer = self._stubs[resource].Allocate(self._dp.AllocateRequest(container_requests=[
-            self._dp.ContainerAllocateRequest(devices_ids=ids)]), timeout=10)
+        try:
+            answer = self._stubs[resource].Allocate(self._dp.AllocateRequest(
+                container_requests=[self._dp.ContainerAllocateRequest(devices_ids=ids)]),
+                timeout=10)
+        except grpc.RpcError as exc:  # kubelet rejects the pod and holds nothing for it
+            with self._lock:
+                self.held.remove(held)
+            raise StartError(f"UnexpectedAdmissionError: Allocate of {resource}: "
+                             f"{exc.code().name} {exc.details()}") from None
         held.cdi = [d.name for d in answer.container_responses[0].cdi_devices]
 
     def start_container(self, namespace: str, pod: str, container: str) -> list[str]:

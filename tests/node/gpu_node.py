@@ -4,6 +4,7 @@ GPUs instead of NVML) and a fake kubelet, talking over real unix sockets in a fo
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +48,10 @@ class GpuNode:
         self.kubelet = FakeKubelet(self.paths.plugin_dir, self.paths.pod_resources,
                                    self.paths.cdi_dir, seed=hash(name) & 0xFFFF)
         self.kubelet.start()
+        # One node agent process runs its passes one at a time and is gone before its
+        # replacement starts: callers from several threads (a pass every interval, a restart)
+        # take turns on this lock.
+        self._agent_lock = threading.RLock()
         self.agent = self._new_agent()
 
     def _new_agent(self) -> Placement:
@@ -55,13 +60,15 @@ class GpuNode:
 
     def agent_pass(self) -> None:
         """One pass of the node agent's loop (it runs every --interval)."""
-        self.agent.once(self.gpus)
+        with self._agent_lock:
+            self.agent.once(self.gpus)
 
     def restart_agent(self) -> None:
         """The node agent's pod is replaced: a new process starts from nothing."""
-        self.agent.stop()
-        self.agent = self._new_agent()
-        self.agent_pass()
+        with self._agent_lock:
+            self.agent.stop()
+            self.agent = self._new_agent()
+            self.agent_pass()
 
     def ready(self) -> None:
         """Publish and wait until kubelet sees the plugins' devices."""
@@ -70,5 +77,6 @@ class GpuNode:
             self.kubelet.wait_for_devices(resource, per_gpu * len(self.gpus))
 
     def stop(self) -> None:
-        self.agent.stop()
+        with self._agent_lock:
+            self.agent.stop()
         self.kubelet.stop()

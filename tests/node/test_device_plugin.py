@@ -4,8 +4,9 @@ gets exactly the GPUs its pod was bound with, and a start that cannot be honoure
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,88 @@ def test_a_restarted_agent_serves_pods_bound_before_it_restarted(
     node.restart_agent()
     node.kubelet.wait_for_devices("vcuda.io/shared-gpu", 200)
     assert node.kubelet.start_container("team", "p", "share") == [gpu_uuid(NODE, 0)]
+
+
+def listening(path: str) -> int:
+    """How many listening sockets are bound at ``path`` (an unlinked path's server still
+    counts: the kernel keeps the name it was bound with)."""
+    with open("/proc/net/unix", encoding="ascii") as table:
+        rows = [line.split() for line in table.readlines()[1:]]
+    # gRPC binds "unix://<path>" at "///<path>"; flag __SO_ACCEPTCON marks a listening one.
+    return sum(1 for row in rows if len(row) == 8 and "/" + row[7].lstrip("/") == path
+               and int(row[3], 16) & 0x10000)
+
+
+def test_after_kubelet_restarts_the_plugins_register_again_and_the_old_servers_stop(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    served = node.agent._served["vcuda.io/shared-gpu"]
+    assert listening(served.socket) == 1
+    for _ in range(3):
+        node.kubelet.registered.clear()
+        node.kubelet.restart()  # the plugins' sockets are removed
+        node.agent_pass()
+        assert node.kubelet.registered.wait(10)
+    assert listening(served.socket) == 1  # not one server more per kubelet restart
+    node.kubelet.wait_for_devices("vcuda.io/shared-gpu", 200)
+    pod = bound(api, extender, pod_object("p", cores=10, memory_gib=1))
+    node.kubelet.admit(pod)
+    assert node.kubelet.start_container("team", "p", "share") == [gpu_uuid(NODE, 0)]
+
+
+def test_a_plugin_kubelet_does_not_answer_is_not_served_and_the_next_pass_registers_it(
+        node: GpuNode) -> None:
+    served = node.agent._served["vcuda.io/shared-gpu"]
+    kubelet_socket = Path(node.paths.plugin_dir) / "kubelet.sock"
+    node.kubelet.restart()
+    kubelet_socket.rename(kubelet_socket.with_name("away"))  # not listening yet
+    with pytest.raises(RuntimeError, match="registering vcuda.io/shared-gpu with kubelet "
+                                           f"\\({kubelet_socket}\\): UNAVAILABLE"):
+        served.start()
+    assert not served.alive() and listening(served.socket) == 0
+    node.agent_pass()  # the agent's pass reports it and goes on
+    assert not served.alive()
+    kubelet_socket.with_name("away").rename(kubelet_socket)
+    node.agent_pass()
+    assert served.alive() and listening(served.socket) == 1
+    node.kubelet.wait_for_devices("vcuda.io/shared-gpu", 200)
+
+
+def test_starts_and_stops_of_one_plugin_from_several_threads_never_collide(
+        node: GpuNode) -> None:
+    served = node.agent._served["vcuda.io/shared-gpu"]
+    failures: list[BaseException] = []
+
+    def at_once(*calls: Callable[[], None]) -> None:
+        barrier = threading.Barrier(len(calls))
+
+        def call(what: Callable[[], None]) -> None:
+            barrier.wait()
+            try:
+                what()
+            except BaseException as exc:  # every one is a failure the test reports
+                failures.append(exc)
+
+        threads = [threading.Thread(target=call, args=(what,)) for what in calls]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    for _ in range(10):
+        at_once(served.start, served.start, served.start)
+        assert failures == []
+        assert served.alive() and listening(served.socket) == 1
+    at_once(served.start, served.stop)
+    # The start either came first and was stopped, or came after the stop and refused.
+    assert all(isinstance(exc, RuntimeError) and "was stopped" in str(exc) for exc in failures)
+    assert not served.alive() and listening(served.socket) == 0
+
+
+def test_a_plugin_gone_at_allocate_is_an_admission_error_and_kubelet_holds_nothing(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    pod = bound(api, extender, pod_object("p", cores=10, memory_gib=1))
+    node.agent.stop()
+    with pytest.raises(StartError, match=r"UnexpectedAdmissionError: Allocate of "
+                                         r"vcuda\.io/shared-gpu: UNAVAILABLE"):
+        node.kubelet.admit(pod)
+    assert node.kubelet.held == []

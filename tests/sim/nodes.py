@@ -3,35 +3,60 @@ from the control plane: each node's agent (its placement part) and fake kubelet,
 device plugin over its gRPC sockets and the API server over HTTPS, as in one process, but on a
 core of their own.
 
-:class:`NodeHost` runs in that process (``python -m tests.sim.nodes``, started by
-:func:`started`); the simulation calls it through a :mod:`multiprocessing` manager's proxy, one
-connection per calling thread, and the host answers each connection in a thread of its own, so
-pods start on several nodes at once.
+:class:`NodeHost` runs in that process (started by :func:`started`); the simulation calls it
+through a :mod:`multiprocessing` manager's proxy, one connection per calling thread, and the
+host answers each connection in a thread of its own, so pods start on several nodes at once.
+What goes wrong in that process comes back as text (:class:`NodeError`), as some of its
+exceptions (gRPC's) cannot be pickled.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.managers import BaseManager
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
+from tests.node.fake_kubelet import StartError
 from tests.node.gpu_node import GpuNode
 
 ROOT = Path(__file__).resolve().parents[2]
 _AUTHKEY = "VCUDA_SIM_NODES_KEY"  # the environment variable that passes the manager's key
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+class NodeError(RuntimeError):
+    """An error in the nodes' process, with its traceback as text."""
+
+
+def _as_text(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``method`` raising :class:`NodeError` instead of any exception but StartError (a
+    refusal the simulation counts)."""
+    @functools.wraps(method)
+    def wrapped(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except StartError:
+            raise
+        except Exception:
+            raise NodeError(traceback.format_exc()) from None
+    return wrapped
 
 
 class NodeHost:
     """The nodes named in ``memories`` (their GPUs' sizes), under ``root``; once they all
-    advertise their devices, every agent passes every ``agent_every`` seconds."""
+    advertise their devices, every agent passes every ``agent_every`` seconds. A pass that
+    fails on one node is recorded (:meth:`errors`) and the others go on."""
 
     def __init__(self, root: str, kubeconfig: str, memories: dict[str, list[int]],
                  ledger_grace: float, agent_every: float, log_level: int) -> None:
@@ -43,10 +68,12 @@ class NodeHost:
         for node in self._nodes.values():
             node.ready()
         self._every = agent_every
+        self._errors: list[str] = []
         self._stopping = threading.Event()
         self._agents = threading.Thread(target=self._pass_every_interval, daemon=True)
         self._agents.start()
 
+    @_as_text
     def start_pod(self, node: str, pod: dict[str, Any]) -> dict[str, list[str]]:
         """Admit ``pod`` on ``node`` and start its containers: the GPU UUIDs each container
         sees, by name; StartError when kubelet or the device plugin refuses."""
@@ -57,19 +84,29 @@ class NodeHost:
                                                            metadata["name"], container["name"])
                 for container in pod["spec"]["containers"]}
 
+    @_as_text
     def remove_pod(self, node: str, namespace: str, name: str) -> None:
         """The pod ended on ``node``: kubelet frees its devices."""
         self._nodes[node].kubelet.remove(namespace, name)
 
+    @_as_text
     def restart_agents(self, names: list[str]) -> None:
         for name in names:
             self._nodes[name].restart_agent()
 
     def pass_all(self) -> None:
         """One agent pass on every node now."""
-        for node in self._nodes.values():
-            node.agent_pass()
+        for name, node in self._nodes.items():
+            try:
+                node.agent_pass()
+            except Exception:
+                self._errors.append(f"agent pass on {name}: {traceback.format_exc()}")
 
+    def errors(self) -> list[str]:
+        """The agent passes that failed so far, with their tracebacks."""
+        return list(self._errors)
+
+    @_as_text
     def stop(self) -> None:
         self._stopping.set()
         self._agents.join()
@@ -95,7 +132,9 @@ def started(root: Path, kubeconfig: Path, memories: dict[str, list[int]], ledger
     pid); the nodes are stopped and the process ended afterwards."""
     address = str(root / "nodes.sock")
     key = os.urandom(16)
-    process = subprocess.Popen([sys.executable, "-m", "tests.sim.nodes", address], cwd=ROOT,
+    # Not "-m tests.sim.nodes": the classes must pickle by this module's name, not __main__'s.
+    process = subprocess.Popen([sys.executable, "-c", "from tests.sim.nodes import main; main()",
+                                address], cwd=ROOT,
                                env={**os.environ, _AUTHKEY: key.hex()})
     try:
         deadline = time.monotonic() + timeout
@@ -120,7 +159,3 @@ def main() -> None:
     """Serve a :class:`NodeHost` maker on the unix socket named by the first argument."""
     manager = _Manager(sys.argv[1], bytes.fromhex(os.environ[_AUTHKEY]))
     manager.get_server().serve_forever()
-
-
-if __name__ == "__main__":
-    main()

@@ -199,6 +199,7 @@ class Simulation:
         finally:
             binds.shutdown(wait=True)
         self.report.seconds = time.monotonic() - started
+        self.report.errors += self.host.errors()
         self._final_checks()
         return self.report
 
