@@ -3,7 +3,6 @@ kept-alive session."""
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
 import time
@@ -11,6 +10,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from runtime_hook.contract import CredentialsError, api_client, in_cluster
 from webhook.errors import WebhookError
@@ -149,7 +149,7 @@ class Kube:
         data = None
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
-            data = json.dumps(body, separators=(",", ":")).encode()
+            data = msgspec.json.encode(body)
         try:
             async with self._session.request(method, self._credentials.url + path,
                                              data=data, headers=headers) as answer:
@@ -161,8 +161,8 @@ class Kube:
         if status >= 300:
             raise KubeError(status, _message(payload) or f"HTTP {status} from {method} {path}")
         try:
-            result = json.loads(payload) if payload else {}
-        except ValueError:
+            result = msgspec.json.decode(payload) if payload else {}
+        except msgspec.DecodeError:
             result = {}
         return result
 
@@ -170,8 +170,8 @@ class Kube:
 def _message(payload: bytes) -> str | None:
     """The message of an error answer (a Status object), if it has one."""
     try:
-        result = json.loads(payload) if payload else {}
-    except ValueError:
+        result = msgspec.json.decode(payload) if payload else {}
+    except msgspec.DecodeError:
         return None
     message = result.get("message") if isinstance(result, dict) else None
     return message if isinstance(message, str) else None
