@@ -1,56 +1,24 @@
-"""The simulated GPU nodes of a cluster, in a process of their own, as nodes are machines apart
-from the control plane: each node's agent (its placement part) and fake kubelet, driving the
-device plugin over its gRPC sockets and the API server over HTTPS, as in one process, but on a
-core of their own.
-
-:class:`NodeHost` runs in that process (started by :func:`started`); the simulation calls it
-through a :mod:`multiprocessing` manager's proxy, one connection per calling thread, and the
-host answers each connection in a thread of its own, so pods start on several nodes at once.
-What goes wrong in that process comes back as text (:class:`NodeError`), as some of its
-exceptions (gRPC's) cannot be pickled.
+"""The simulated GPU nodes of a cluster, in a process of their own (:mod:`tests.sim.apart`), as
+nodes are machines apart from the control plane: each node's agent (its placement part) and
+fake kubelet, driving the device plugin over its gRPC sockets and the API server over HTTPS, as
+in one process, but on a core of their own. Pods start on several nodes at once.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import subprocess
-import sys
 import threading
-import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from multiprocessing.managers import BaseManager
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from tests.node.fake_kubelet import StartError
 from tests.node.gpu_node import GpuNode
+from tests.sim import apart
 
-ROOT = Path(__file__).resolve().parents[2]
-_AUTHKEY = "VCUDA_SIM_NODES_KEY"  # the environment variable that passes the manager's key
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-class NodeError(RuntimeError):
-    """An error in the nodes' process, with its traceback as text."""
-
-
-def _as_text(method: Callable[_P, _R]) -> Callable[_P, _R]:
-    """``method`` raising :class:`NodeError` instead of any exception but StartError (a
-    refusal the simulation counts)."""
-    @functools.wraps(method)
-    def wrapped(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return method(*args, **kwargs)
-        except StartError:
-            raise
-        except Exception:
-            raise NodeError(traceback.format_exc()) from None
-    return wrapped
+_as_text = apart.as_text(StartError)  # a refusal the simulation counts comes back as itself
 
 
 class NodeHost:
@@ -118,44 +86,18 @@ class NodeHost:
             self.pass_all()
 
 
-class _Manager(BaseManager):
-    pass
-
-
-_Manager.register("NodeHost", NodeHost)
+apart.Manager.register("NodeHost", NodeHost)
 
 
 @contextmanager
 def started(root: Path, kubeconfig: Path, memories: dict[str, list[int]], ledger_grace: float,
-            agent_every: float, timeout: float = 60.0) -> Iterator[tuple[Any, int]]:
+            agent_every: float) -> Iterator[tuple[Any, int]]:
     """The nodes' process with its :class:`NodeHost` ready: (the host's proxy, the process's
     pid); the nodes are stopped and the process ended afterwards."""
-    address = str(root / "nodes.sock")
-    key = os.urandom(16)
-    # Not "-m tests.sim.nodes": the classes must pickle by this module's name, not __main__'s.
-    process = subprocess.Popen([sys.executable, "-c", "from tests.sim.nodes import main; main()",
-                                address], cwd=ROOT,
-                               env={**os.environ, _AUTHKEY: key.hex()})
-    try:
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(address):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the simulated nodes' process did not start")
-            time.sleep(0.05)
-        manager = _Manager(address, key)
-        manager.connect()
+    with apart.process(root, "nodes") as (manager, pid):
         host = manager.NodeHost(str(root), str(kubeconfig), memories,  # type: ignore[attr-defined]
                                 ledger_grace, agent_every, logging.getLogger().getEffectiveLevel())
         try:
-            yield host, process.pid
+            yield host, pid
         finally:
             host.stop()
-    finally:
-        process.terminate()
-        process.wait()
-
-
-def main() -> None:
-    """Serve a :class:`NodeHost` maker on the unix socket named by the first argument."""
-    manager = _Manager(sys.argv[1], bytes.fromhex(os.environ[_AUTHKEY]))
-    manager.get_server().serve_forever()

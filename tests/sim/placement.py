@@ -1,13 +1,15 @@
 """A simulated GPU cluster driven through the real interfaces of per-GPU placement.
 
-- The API: one fake API server (TLS, resourceVersions, conditional writes, Bindings).
+- The API: one fake API server (TLS, resourceVersions, conditional writes, Bindings), in a
+  process of its own (tests/sim/api.py), as kube-apiserver is apart from kube-scheduler.
 - The scheduler: a driver that does what kube-scheduler does with an extender configured
   ``nodeCacheCapable: true``: one scheduling cycle at a time, ExtenderArgs with the names of
   the candidate nodes (every node here), ``/filter`` then ``/prioritize`` (the names filter
   kept, each of them one it sent) over HTTP, the best score wins, and ``/bind``
   (ExtenderBindingArgs) is sent at once and
-  answered asynchronously, as the binding cycle does; a failed bind sends the pod back to the
-  queue. Two extender replicas, each its own ``vcuda-scheduler-extender`` process: as shipped,
+  answered asynchronously, as the binding cycle does (16 in flight at most); a failed bind
+  sends the pod back to the queue, a bound pod is started by its node apart from the
+  scheduler. Two extender replicas, each its own ``vcuda-scheduler-extender`` process: as shipped,
   each scheduler replica calls the extender beside it on 127.0.0.1 and only the leader
   schedules, so the cycles go to one replica; the leadership moves to the other every
   ``leader_cycles`` cycles, far more often than in a cluster, while the old leader's binds are
@@ -42,17 +44,21 @@ from extender.policy import Demand, NodeGpus, Unfit, node_gpus, place, pod_deman
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, CORES_PER_GPU
 from runtime_hook.placement import Assignment, decode_assignment
 from tests.extender.cluster import CORE_KEYS, GIB, ExtenderProcess, binding_args, pod_object
-from tests.fake_cluster_api import FakeClusterApi, running
 from tests.node.fake_kubelet import StartError
 from tests.node.gpu_node import gpus, register
+from tests.sim import api as api_process
 from tests.sim import nodes
 
 # The simulation's processes: the API and scheduler stand-ins (this one), the nodes, and the
 # two extender replicas (filter, prioritize and bind), for what each costs per pod.
-PARTS = ("api_and_scheduler", "nodes", "extenders")
+PARTS = ("api", "scheduler", "nodes", "extenders")
+CYCLE_PARTS = ("cycle", "filter", "prioritize", "bind_slot")
 MAX_AGE = 3600.0  # the agents publish every pass; staleness is tested elsewhere
 LEDGER_GRACE = 2.0  # seconds a ledger line waits for its pod (a minute on a real node)
 BINDS_IN_FLIGHT = 16
+# Pods starting at once over all nodes: kubelets start pods whatever the scheduler does, so a
+# slow start must not hold one of its bind slots.
+STARTS_AT_ONCE = 64
 
 
 @dataclass
@@ -94,6 +100,10 @@ class Report:
     placing_seconds: float = 0.0  # time the queue held pods that some node could take
     # CPU seconds each part used meanwhile (user + system, all its threads), by PARTS.
     placing_cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    # Seconds of placing the scheduler stand-in spent in cycles ("cycle"), and in them waiting
+    # for filter's and prioritize's answers and for a bind slot (16 binds in flight at most).
+    cycle_seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(CYCLE_PARTS, 0.0))
     largest_free_gib: float = 0.0  # mean over nodes of the largest free block, at the end
     idle_gpus: int = 0  # GPUs with nothing on them, at the end
 
@@ -114,6 +124,18 @@ class Report:
         return {part: round(1000 * seconds / self.started, 1) if self.started else 0.0
                 for part, seconds in self.placing_cpu.items()}
 
+    def cycle_per_pod(self) -> dict[str, float]:
+        """Milliseconds of placing per pod started, by what the scheduler waited for; they add
+        up to 1000 / pods_per_second."""
+        waited = self.cycle_seconds
+        parts = {"filter": waited["filter"], "prioritize": waited["prioritize"],
+                 "bind_slot": waited["bind_slot"],
+                 "rest_of_cycle": waited["cycle"] - waited["filter"] - waited["prioritize"]
+                 - waited["bind_slot"],
+                 "between_cycles": self.placing_seconds - waited["cycle"]}
+        return {part: round(1000 * seconds / self.started, 2) if self.started else 0.0
+                for part, seconds in parts.items()}
+
     def summary(self) -> dict[str, Any]:
         return {"created": self.created, "started": self.started, "deleted": self.deleted,
                 "refused_at_start": len(self.refused_at_start),
@@ -126,6 +148,7 @@ class Report:
                 "simulation_errors": len(self.errors),
                 "seconds": round(self.seconds, 1), "pods_per_second": round(self.rate(), 1),
                 "cpu_ms_per_pod": self.cpu_per_pod(),
+                "cycle_ms_per_pod": self.cycle_per_pod(),
                 "extender_pods_per_cpu_second": round(self.extender_rate(), 1),
                 "mean_largest_free_block_gib": round(self.largest_free_gib, 2),
                 "idle_gpus": self.idle_gpus}
@@ -143,12 +166,14 @@ class _Running:
 class Simulation:
     """One run of a :class:`Scenario` in ``root``."""
 
-    def __init__(self, scenario: Scenario, api: FakeClusterApi, root: Path, host: Any,
+    def __init__(self, scenario: Scenario, api: Any, api_pid: int, root: Path, host: Any,
                  host_pid: int) -> None:
-        """``host``: the :class:`~tests.sim.nodes.NodeHost` of the nodes of :func:`memories`,
-        in the process ``host_pid``."""
+        """``api``: the :class:`~tests.fake_cluster_api.FakeClusterApi` in the process
+        ``api_pid``; ``host``: the :class:`~tests.sim.nodes.NodeHost` of the nodes of
+        :func:`memories`, in the process ``host_pid``."""
         self.s = scenario
         self.api = api
+        self._api_pid = api_pid
         self.root = root
         self.report = Report()
         self._random = random.Random(scenario.seed)
@@ -163,6 +188,7 @@ class Simulation:
         self._running: dict[str, _Running] = {}
         self._in_flight = 0
         self._bind_slots = threading.BoundedSemaphore(BINDS_IN_FLIGHT)
+        self._starts = ThreadPoolExecutor(max_workers=STARTS_AT_ONCE)
         self._node_names = msgspec.json.encode(list(self.nodes))
 
     def _extender(self, index: int) -> ExtenderProcess:
@@ -198,6 +224,7 @@ class Simulation:
             self.check()
         finally:
             binds.shutdown(wait=True)
+            self._starts.shutdown(wait=True)
         self.report.seconds = time.monotonic() - started
         self.report.errors += self.host.errors()
         self._final_checks()
@@ -282,23 +309,37 @@ class Simulation:
                 return
 
     def _cycle(self, pod: dict[str, Any], binds: ThreadPoolExecutor) -> None:
+        began = time.perf_counter()
+        try:
+            self._schedule(pod, binds)
+        finally:
+            self.report.cycle_seconds["cycle"] += time.perf_counter() - began
+
+    def _schedule(self, pod: dict[str, Any], binds: ThreadPoolExecutor) -> None:
         extender = self.extenders[self._turn // self.s.leader_cycles % 2]
         self._turn += 1
+        waited = self.report.cycle_seconds
         pod_json = msgspec.json.encode(pod)
+        sent = time.perf_counter()
         names = _decode_filtered(extender.answer("/filter", _envelope(pod_json,
                                                                       self._node_names)))
+        waited["filter"] += time.perf_counter() - sent
         unknown = set(names) - set(self.nodes)
         assert not unknown, f"the extender kept nodes it was not sent: {unknown}"
         if not names:
             with self._lock:
                 self._unschedulable.append(pod)
             return
+        sent = time.perf_counter()
         scores = _decode_scores(extender.answer("/prioritize", _envelope(
             pod_json, msgspec.json.encode(names))))
+        waited["prioritize"] += time.perf_counter() - sent
         best = max(s.score for s in scores)
         choice = self._random.choice([s.host for s in scores if s.score == best])
         assert choice in names
+        sent = time.perf_counter()
         self._bind_slots.acquire()
+        waited["bind_slot"] += time.perf_counter() - sent
         try:
             answered = extender.sent("/bind", binding_args(pod, choice))
         except Exception as exc:  # the report shows it; the pod is lost
@@ -311,7 +352,7 @@ class Simulation:
 
     def _cpu(self) -> dict[str, float]:
         """CPU seconds used so far by each of PARTS (the extenders: the current two)."""
-        pids = {"api_and_scheduler": [os.getpid()], "nodes": [self._host_pid],
+        pids = {"api": [self._api_pid], "scheduler": [os.getpid()], "nodes": [self._host_pid],
                 "extenders": [extender.pid for extender in self.extenders]}
         return {part: sum(_cpu_seconds(pid) for pid in pids[part]) for part in PARTS}
 
@@ -320,24 +361,32 @@ class Simulation:
             answer = json.loads(answered())
         except Exception as exc:  # the report shows it; the pod is lost
             self.report.errors.append(f"bind {pod['metadata']['name']}: {exc!r}")
-            with self._lock:
-                self._in_flight -= 1
+            self._settled()
             return
         finally:
             self._bind_slots.release()
+        if answer.get("Error"):
+            with self._lock:
+                self.report.bind_failures += 1
+                self.report.bind_errors.append(answer["Error"])
+                self._queue.append(pod)
+            self._settled()
+            return
+        # kubelet starts the pod on its node: the scheduler's binding is over.
+        self._starts.submit(self._start_settled, pod, node)
+
+    def _start_settled(self, pod: dict[str, Any], node: str) -> None:
         try:
-            if answer.get("Error"):
-                with self._lock:
-                    self.report.bind_failures += 1
-                    self.report.bind_errors.append(answer["Error"])
-                    self._queue.append(pod)
-                return
             self._start(pod, node)
         except Exception as exc:  # the report shows it; the pod is lost
             self.report.errors.append(f"start {pod['metadata']['name']}: {exc!r}")
         finally:
-            with self._lock:
-                self._in_flight -= 1
+            self._settled()
+
+    def _settled(self) -> None:
+        """A pod's bind failed, or its start is over."""
+        with self._lock:
+            self._in_flight -= 1
 
     # --- the node ---------------------------------------------------------------------------
 
@@ -479,14 +528,14 @@ def run(scenario: Scenario) -> Report:
     """Run ``scenario`` in a scratch folder and return its report."""
     with tempfile.TemporaryDirectory(prefix="vcuda-placement-sim-") as scratch:
         root = Path(scratch)
-        with running(root) as api:
+        with api_process.started(root) as (api, api_pid):
             kubeconfig = root / "kubeconfig"
             kubeconfig.write_text(api.kubeconfig())
             for name in memories(scenario):
                 register(api, name)
             with nodes.started(root, kubeconfig, memories(scenario), LEDGER_GRACE,
                                scenario.agent_every) as (host, host_pid):
-                simulation = Simulation(scenario, api, root, host, host_pid)
+                simulation = Simulation(scenario, api, api_pid, root, host, host_pid)
                 try:
                     return simulation.run()
                 finally:

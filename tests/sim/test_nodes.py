@@ -17,7 +17,7 @@ from tests.extender.cluster import GIB, pod_object
 from tests.extender.test_nodes import eventually
 from tests.fake_cluster_api import FakeClusterApi, running
 from tests.node.gpu_node import GpuNode, register
-from tests.sim import nodes
+from tests.sim import apart, nodes
 
 MEMORIES = {"gpu-0": [16 * GIB], "gpu-1": [16 * GIB]}
 
@@ -65,7 +65,7 @@ def test_agent_passes_go_on_after_one_node_fails_and_the_failures_are_reported(
 def test_an_error_in_the_nodes_process_comes_back_as_its_traceback(
         api: FakeClusterApi, tmp_path: Path) -> None:
     with (nodes.started(tmp_path, tmp_path / "kubeconfig", MEMORIES, 60.0, 1.0) as (host, _),
-          pytest.raises(nodes.NodeError, match="KeyError: 'gpu-9'")):
+          pytest.raises(apart.PartError, match="KeyError: 'gpu-9'")):
         host.start_pod("gpu-9", pod_object("p", cores=10, memory_gib=1))
-    error = nodes.NodeError("Traceback ...")
+    error = apart.PartError("Traceback ...")
     assert str(pickle.loads(pickle.dumps(error))) == "Traceback ..."

@@ -17,3 +17,6 @@ def test_a_small_cluster_with_restarts_places_every_pod_on_a_gpu_that_holds_it()
     assert report.deleted > 0
     assert report.errors == []
     assert all(report.placing_cpu[part] > 0 for part in PARTS)  # each process was measured
+    waited = report.cycle_per_pod()  # where the scheduler's time went, adding up to all of it
+    assert waited["filter"] > 0 and waited["prioritize"] > 0
+    assert abs(sum(waited.values()) - 1000 / report.rate()) < 0.1
