@@ -1,4 +1,4 @@
-"""The simulated GPU nodes of a cluster, in a process of their own (:mod:`tests.sim.apart`), as
+"""The simulated GPU nodes of a cluster, in processes of their own (:mod:`tests.sim.apart`), as
 nodes are machines apart from the control plane: each node's agent (its placement part) and
 fake kubelet, driving the device plugin over its gRPC sockets and the API server over HTTPS, as
 in one process, but on a core of their own. Pods start on several nodes at once.
@@ -10,7 +10,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,15 +89,49 @@ class NodeHost:
 apart.Manager.register("NodeHost", NodeHost)
 
 
+class Nodes:
+    """The nodes of several :class:`NodeHost` processes, as one: each call goes to the host
+    of the node it names."""
+
+    def __init__(self, hosts: list[tuple[Any, list[str]]]) -> None:
+        """``hosts``: each host's proxy and the names of its nodes."""
+        self._hosts = [host for host, _ in hosts]
+        self._host_of = {name: host for host, names in hosts for name in names}
+
+    def start_pod(self, node: str, pod: dict[str, Any]) -> dict[str, list[str]]:
+        return self._host_of[node].start_pod(node, pod)
+
+    def remove_pod(self, node: str, namespace: str, name: str) -> None:
+        self._host_of[node].remove_pod(node, namespace, name)
+
+    def restart_agents(self, names: list[str]) -> None:
+        for host in self._hosts:
+            host.restart_agents([name for name in names if self._host_of[name] is host])
+
+    def pass_all(self) -> None:
+        for host in self._hosts:
+            host.pass_all()
+
+    def errors(self) -> list[str]:
+        return [error for host in self._hosts for error in host.errors()]
+
+
 @contextmanager
 def started(root: Path, kubeconfig: Path, memories: dict[str, list[int]], ledger_grace: float,
-            agent_every: float) -> Iterator[tuple[Any, int]]:
-    """The nodes' process with its :class:`NodeHost` ready: (the host's proxy, the process's
-    pid); the nodes are stopped and the process ended afterwards."""
-    with apart.process(root, "nodes") as (manager, pid):
-        host = manager.NodeHost(str(root), str(kubeconfig), memories,  # type: ignore[attr-defined]
-                                ledger_grace, agent_every, logging.getLogger().getEffectiveLevel())
-        try:
-            yield host, pid
-        finally:
-            host.stop()
+            agent_every: float, processes: int = 1) -> Iterator[tuple[Nodes, list[int]]]:
+    """The nodes spread over ``processes`` processes, each with its :class:`NodeHost` ready:
+    (the nodes, the processes' pids); the nodes are stopped and the processes ended
+    afterwards."""
+    names = list(memories)
+    with ExitStack() as stack:
+        hosts, pids = [], []
+        for index in range(processes):
+            manager, pid = stack.enter_context(apart.process(root, f"nodes-{index}"))
+            share = names[index::processes]
+            host = manager.NodeHost(  # type: ignore[attr-defined]
+                str(root), str(kubeconfig), {name: memories[name] for name in share},
+                ledger_grace, agent_every, logging.getLogger().getEffectiveLevel())
+            stack.callback(host.stop)
+            hosts.append((host, share))
+            pids.append(pid)
+        yield Nodes(hosts), pids

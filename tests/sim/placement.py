@@ -16,8 +16,9 @@
   still in flight: the two replicas' binds overlap at every change.
 - The nodes: each one runs the node agent's placement part and a fake kubelet that drives
   vcuda's device plugin over its gRPC sockets (Allocate, PreStartContainer, pod resources,
-  CDI resolution) for every container that asks for vcuda's resources; all of them in one
-  process apart (tests/sim/nodes.py), as nodes are machines apart from the control plane.
+  CDI resolution) for every container that asks for vcuda's resources; all of them in
+  processes apart (tests/sim/nodes.py, ``node_processes``), as nodes are machines apart from
+  the control plane.
 
 Pods come in bursts, run, and are deleted; an extender replica and some node agents are
 restarted mid-run. :func:`run` returns a :class:`Report` of what the issue asks to see.
@@ -78,6 +79,7 @@ class Scenario:
     restart_extender_at: float = 0.4  # of the creates made, an extender replica restarts
     restart_agents_at: float = 0.6  # ... and a tenth of the node agents restart
     leader_cycles: int = 20  # scheduling cycles between two changes of leader
+    node_processes: int = 1  # processes the nodes are spread over
 
 
 @dataclass
@@ -166,11 +168,11 @@ class _Running:
 class Simulation:
     """One run of a :class:`Scenario` in ``root``."""
 
-    def __init__(self, scenario: Scenario, api: Any, api_pid: int, root: Path, host: Any,
-                 host_pid: int) -> None:
+    def __init__(self, scenario: Scenario, api: Any, api_pid: int, root: Path,
+                 host: nodes.Nodes, host_pids: list[int]) -> None:
         """``api``: the :class:`~tests.fake_cluster_api.FakeClusterApi` in the process
-        ``api_pid``; ``host``: the :class:`~tests.sim.nodes.NodeHost` of the nodes of
-        :func:`memories`, in the process ``host_pid``."""
+        ``api_pid``; ``host``: the nodes of :func:`memories`, in the processes
+        ``host_pids``."""
         self.s = scenario
         self.api = api
         self._api_pid = api_pid
@@ -178,7 +180,7 @@ class Simulation:
         self.report = Report()
         self._random = random.Random(scenario.seed)
         self.host = host
-        self._host_pid = host_pid
+        self._host_pids = host_pids
         self.nodes = memories(scenario)
         self.extenders = [self._extender(i) for i in range(2)]
         self._turn = 0
@@ -352,7 +354,7 @@ class Simulation:
 
     def _cpu(self) -> dict[str, float]:
         """CPU seconds used so far by each of PARTS (the extenders: the current two)."""
-        pids = {"api": [self._api_pid], "scheduler": [os.getpid()], "nodes": [self._host_pid],
+        pids = {"api": [self._api_pid], "scheduler": [os.getpid()], "nodes": self._host_pids,
                 "extenders": [extender.pid for extender in self.extenders]}
         return {part: sum(_cpu_seconds(pid) for pid in pids[part]) for part in PARTS}
 
@@ -534,8 +536,8 @@ def run(scenario: Scenario) -> Report:
             for name in memories(scenario):
                 register(api, name)
             with nodes.started(root, kubeconfig, memories(scenario), LEDGER_GRACE,
-                               scenario.agent_every) as (host, host_pid):
-                simulation = Simulation(scenario, api, api_pid, root, host, host_pid)
+                               scenario.agent_every, scenario.node_processes) as (host, host_pids):
+                simulation = Simulation(scenario, api, api_pid, root, host, host_pids)
                 try:
                     return simulation.run()
                 finally:

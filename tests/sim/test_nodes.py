@@ -62,10 +62,14 @@ def test_agent_passes_go_on_after_one_node_fails_and_the_failures_are_reported(
         host.stop()
 
 
-def test_an_error_in_the_nodes_process_comes_back_as_its_traceback(
+def test_an_error_in_a_nodes_process_comes_back_as_its_traceback(
         api: FakeClusterApi, tmp_path: Path) -> None:
-    with (nodes.started(tmp_path, tmp_path / "kubeconfig", MEMORIES, 60.0, 1.0) as (host, _),
-          pytest.raises(apart.PartError, match="KeyError: 'gpu-9'")):
-        host.start_pod("gpu-9", pod_object("p", cores=10, memory_gib=1))
+    pod = pod_object("p", cores=10, memory_gib=1)
+    del pod["spec"]
+    with (nodes.started(tmp_path, tmp_path / "kubeconfig", MEMORIES, 60.0, 1.0,
+                        processes=2) as (host, pids),
+          pytest.raises(apart.PartError, match=r"(?s)Traceback.*KeyError: 'spec'")):
+        assert len(set(pids)) == 2
+        host.start_pod("gpu-1", pod)
     error = apart.PartError("Traceback ...")
     assert str(pickle.loads(pickle.dumps(error))) == "Traceback ..."

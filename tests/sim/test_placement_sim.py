@@ -6,7 +6,8 @@ from tests.sim.placement import PARTS, Report, Scenario, run
 
 
 def test_a_small_cluster_with_restarts_places_every_pod_on_a_gpu_that_holds_it() -> None:
-    report: Report = run(Scenario(nodes=3, gpus_per_node=2, pods=90, burst=30))
+    report: Report = run(Scenario(nodes=3, gpus_per_node=2, pods=90, burst=30,
+                                  node_processes=2))
     assert report.started + report.never_placed == report.created  # no pod lost on the way
     assert report.started >= 40  # the rest wait for room: the offline check says none fits
     assert report.refused_at_start == []
