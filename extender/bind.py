@@ -21,6 +21,7 @@ from extender.policy import (
     DemandError,
     Unfit,
     ledger_entries,
+    ledger_text,
     node_gpus,
     place,
     pod_demand,
@@ -33,7 +34,6 @@ from runtime_hook.placement import (
     Entry,
     PlacementError,
     encode_assignment,
-    encode_ledger,
 )
 from webhook.kube import Kube, KubeError
 
@@ -147,7 +147,7 @@ class Binder:
                             ledger: dict[str, Entry]) -> bool:
         """Write ``ledger`` if the node is still at ``version``; False on a conflict. The view
         takes the node as written: the next filter counts it without waiting for the watch."""
-        text = encode_ledger(ledger)
+        text = ledger_text(ledger)
         body = {"metadata": {"resourceVersion": version, "annotations": {LEDGER_ANNOTATION: text}}}
         try:
             written = await self._kube.merge_patch(f"/api/v1/nodes/{quote(node)}", body)

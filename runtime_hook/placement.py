@@ -39,6 +39,10 @@ from runtime_hook.contract import (
 )
 from runtime_hook.record import Record
 
+TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 FORMAT_VERSION = 1
 
 
@@ -112,14 +116,20 @@ def decode_inventory(text: str) -> Inventory:
     return Inventory(tuple(gpus), heartbeat)
 
 
-def encode_ledger(entries: dict[str, Entry]) -> str:
-    """The value of :data:`LEDGER_ANNOTATION` for ``entries`` (by pod uid)."""
+def ledger_document(entries: Mapping[str, Entry]) -> dict:
+    """The JSON document of :data:`LEDGER_ANNOTATION` for ``entries`` (by pod uid), in uid
+    order."""
     pods = {}
     for uid, entry in sorted(entries.items()):
         item = {"pod": entry.pod, "at": int(entry.at)}
         item.update(entry.assignment.to_json())
         pods[uid] = item
-    return json.dumps({"version": FORMAT_VERSION, "pods": pods}, separators=(",", ":"))
+    return {"version": FORMAT_VERSION, "pods": pods}
+
+
+def encode_ledger(entries: Mapping[str, Entry]) -> str:
+    """The value of :data:`LEDGER_ANNOTATION` for ``entries`` (by pod uid)."""
+    return json.dumps(ledger_document(entries), separators=(",", ":"))
 
 
 def decode_ledger(text: str | None) -> dict[str, Entry]:

@@ -8,13 +8,14 @@ from extender.policy import (
     Demand,
     DemandError,
     Unfit,
+    ledger_text,
     node_gpus,
     place,
     placement,
     pod_demand,
 )
 from runtime_hook.contract import LEDGER_ANNOTATION
-from runtime_hook.placement import Assignment, Entry, encode_ledger
+from runtime_hook.placement import Assignment, Entry, decode_ledger, encode_ledger
 from tests.extender.cluster import CORE_KEYS, GIB, NOW, gpu_uuid, node_object, pod_object
 
 
@@ -183,3 +184,16 @@ def test_the_remembered_answer_is_the_computed_one_and_pending_binds_still_count
         .shared[0] == gpu_uuid("n1", 1)
     with pytest.raises(Unfit, match="last published"):
         placement("n1", annotations, demand, "binpack", NOW + 600, 120)
+
+
+def test_the_ledger_bind_writes_is_the_text_the_node_agent_writes_and_reads_back() -> None:
+    entries = {
+        "uid-b": Entry("team/b", NOW, Assignment((gpu_uuid("n", 1), 25, 3 * GIB), ())),
+        "uid-a": Entry("team/a", NOW + 1, Assignment(None, (gpu_uuid("n", 0), gpu_uuid("n", 2)))),
+        "uid-c": Entry("other/c-1", NOW, Assignment((gpu_uuid("n", 3), 10, GIB),
+                                                   (gpu_uuid("n", 4),))),
+    }
+    text = ledger_text(entries)
+    assert text == encode_ledger(entries)
+    assert decode_ledger(text) == entries
+    assert ledger_text({}) == encode_ledger({})
