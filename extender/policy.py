@@ -276,7 +276,7 @@ def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,
         _, _, counted = _read(annotations, now, max_age)
         if ignore not in counted:
             assert annotations is not None  # _read raised otherwise
-            answer = _placed(annotations[INVENTORY_ANNOTATION],
+            answer = _placed(_same_gpus(annotations[INVENTORY_ANNOTATION]),
                              annotations.get(LEDGER_ANNOTATION), demand.cores, demand.memory,
                              demand.whole, strategy)
             if isinstance(answer, Unfit):
@@ -338,6 +338,20 @@ def _parsed(inventory_text: str, ledger_text: str | None
 def _inventory(text: str) -> Inventory:
     """An inventory decoded once: it changes with the agent's heartbeat, not with binds."""
     return decode_inventory(text)
+
+
+GPU_SETS_KEPT = 65536  # distinct sets of a node's GPUs remembered (new nodes, GPUs replaced)
+_first_with_gpus: dict[tuple[Gpu, ...], str] = {}
+
+
+@lru_cache(maxsize=1024)
+def _same_gpus(text: str) -> str:
+    """The first inventory text seen with the GPUs of ``text`` (a valid one). Each agent pass
+    writes a new heartbeat, which changes the text but not where a pod fits: keyed by this one,
+    :func:`_placed`'s answers outlive heartbeats."""
+    if len(_first_with_gpus) >= GPU_SETS_KEPT:
+        _first_with_gpus.clear()
+    return _first_with_gpus.setdefault(_inventory(text).gpus, text)
 
 
 LEDGERS_KEPT = 8192  # distinct ledger annotations kept decoded (the newest used)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from extender import policy
 from extender.policy import (
     Demand,
     DemandError,
@@ -184,6 +185,31 @@ def test_the_remembered_answer_is_the_computed_one_and_pending_binds_still_count
         .shared[0] == gpu_uuid("n1", 1)
     with pytest.raises(Unfit, match="last published"):
         placement("n1", annotations, demand, "binpack", NOW + 600, 120)
+
+
+def test_an_answer_outlives_a_heartbeat_and_not_a_change_of_gpus_or_freshness(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    computed = []
+    monkeypatch.setattr(policy, "place", lambda *args: computed.append(args) or place(*args))
+    ledger = {"a": Entry("team/a", int(NOW), shared_on(0, 70, 5))}
+    demand = Demand(30, 3 * GIB, 0)  # a size no other test asks for: nothing remembered yet
+
+    def annotations(heartbeat: float, memories: list[int]) -> dict[str, str]:
+        node = node_object("n1", memories, heartbeat,
+                           {LEDGER_ANNOTATION: encode_ledger(ledger)})
+        return node["metadata"]["annotations"]
+
+    first = placement("n1", annotations(NOW, [16 * GIB] * 2), demand, "binpack", NOW, 120)
+    later = placement("n1", annotations(NOW + 30, [16 * GIB] * 2), demand, "binpack",
+                      NOW + 30, 120)
+    assert len(computed) == 1  # the agent's next pass changed the heartbeat only
+    assert (later.assignment, later.score) == (first.assignment, first.score)
+    assert first.assignment.shared[0] == gpu_uuid("n1", 0)
+    smaller = placement("n1", annotations(NOW + 60, [7 * GIB, 16 * GIB]), demand, "binpack",
+                        NOW + 60, 120)
+    assert len(computed) == 2 and smaller.assignment.shared[0] == gpu_uuid("n1", 1)
+    with pytest.raises(Unfit, match="last published"):
+        placement("n1", annotations(NOW + 30, [16 * GIB] * 2), demand, "binpack", NOW + 600, 120)
 
 
 def test_the_ledger_bind_writes_is_the_text_the_node_agent_writes_and_reads_back() -> None:
