@@ -56,10 +56,14 @@ static void charge_record(struct record *r, const struct reading *m)
         cap = cap < estimated ? cap : estimated;
     cost = cost < cap ? cost : cap;
     /* A run of several kernels, or a late one, tells no one kernel's time:
-     * it only corrects the bucket; nor does one that found its stream idle. */
+     * it only corrects the bucket; nor does a small kernel's record that
+     * found its stream idle, whose few us before the kernel would be much of
+     * it. A large kernel's is a sample (a kernel paced one launch at a time
+     * never queues): its floor leaves out what another process ran. */
     bool tells = k && !r->mixed && !r->late;
-    if (tells && queued && m->end > start)
-        vc_estimate_add(&k->estimate, (m->end - start) / launches, vc_clock_ns());
+    int64_t each = (m->end - start) / launches;
+    if (tells && (queued || each >= SMALL_NS) && m->end > start)
+        vc_estimate_add(&k->estimate, each, vc_clock_ns());
     if (tells)
         pacer_learn_cost(k, cost / launches);
     pacer_charge(r->device, cost - r->charged);
