@@ -39,7 +39,7 @@ int64_t pacer_estimate(const struct kernel *k)
  * the device); any other, what was measured. */
 int64_t pacer_cap(const struct kernel *k, int64_t percent)
 {
-    return k->estimate.steady ? k->estimate.ns + k->estimate.ns * percent / 100
+    return k->estimate.steady ? pacer_over(k->estimate.ns, percent)
                               : INT64_MAX / (2 * RUN);
 }
 

@@ -84,10 +84,11 @@ static void join_run(struct vc_launch *l, const struct kernel *k, int64_t now)
     struct record *r = &pacer.records[thread_run.seq % RECORDS];
     r->launches++;
     r->charged += l->charged;
+    int64_t estimate = pacer_estimate(k);
     r->cap += pacer_cap(k, RUN_OVER_PERCENT);
-    r->estimated += pacer_estimate(k);
+    r->estimated += estimate;
     r->mixed = r->mixed || k->key != r->key;
-    r->drained = (r->drained > now ? r->drained : now) + pacer_estimate(k);
+    r->drained = (r->drained > now ? r->drained : now) + estimate;
     l->timed = true;
     l->record = thread_run.seq;
     l->ends = r->launches == RUN;

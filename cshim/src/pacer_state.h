@@ -158,6 +158,9 @@ void pacer_nap(int64_t ns);
 void pacer_charge(int device, int64_t gpu_ns);
 void pacer_wait(int device);
 
+/* ns and percent more: the most a launch is charged over an estimate. */
+static inline int64_t pacer_over(int64_t ns, int64_t percent) { return ns + ns * percent / 100; }
+
 /* pacer_kernels.c (lock held) */
 struct kernel *pacer_kernel(uint64_t key);
 struct kernel *pacer_claim_kernel(uint64_t key, int device);

@@ -51,7 +51,7 @@ static void charge_record(struct record *r, const struct reading *m)
         c->covered = m->end;
     /* A late run, or a steady kernel that found its stream idle, is charged
      * no more than its kernels' estimates: past them the device idled. */
-    int64_t cap = r->cap, estimated = r->estimated + r->estimated * RUN_OVER_PERCENT / 100;
+    int64_t cap = r->cap, estimated = pacer_over(r->estimated, RUN_OVER_PERCENT);
     if (r->late || (!queued && !r->mixed && k && k->estimate.steady))
         cap = cap < estimated ? cap : estimated;
     cost = cost < cap ? cost : cap;
