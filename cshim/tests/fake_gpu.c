@@ -359,10 +359,11 @@ static int64_t event_at(const struct stream *s)
 {
     int64_t at = ready_at(s), now = now_ns();
     at = at > now ? at : now;
+    pid_t self = getpid();   /* a system call: once, not once a kernel */
     struct fake_timeline *t = timeline_locked();
     for (unsigned i = 0; i < FAKE_INTERVALS; i++) {
         unsigned k = (t->next + i) % FAKE_INTERVALS;
-        if (t->kernel[k].pid != getpid() && t->kernel[k].start <= at && at < t->kernel[k].end)
+        if (t->kernel[k].pid != self && t->kernel[k].start <= at && at < t->kernel[k].end)
             at = t->kernel[k].end;
     }
     timeline_unlock(t);
