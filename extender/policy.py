@@ -146,29 +146,23 @@ def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
 
 
 class GpuUse:
-    """One GPU of a node and what is given out on it."""
+    """One GPU of a node and what is given out on it; what placing a pod reads of it is worked
+    out once, as a node's GPUs are asked about pod after pod."""
 
-    __slots__ = ("cores", "gpu", "memory", "pods", "whole")
+    __slots__ = ("cores", "filled", "free_cores", "free_memory", "gpu", "idle", "memory",
+                 "pods", "whole")
 
-    def __init__(self, gpu: Gpu) -> None:
+    def __init__(self, gpu: Gpu, cores: int = 0, memory: int = 0, whole: bool = False,
+                 pods: int = 0) -> None:
         self.gpu = gpu
-        self.cores = 0  # percent given to shared containers
-        self.memory = 0  # bytes given to shared containers
-        self.whole = False  # given whole to one pod
-        self.pods = 0
-
-    @property
-    def free_cores(self) -> int:
-        return 0 if self.whole else CORES_PER_GPU - self.cores
-
-    @property
-    def free_memory(self) -> int:
-        return 0 if self.whole else max(self.gpu.memory - self.memory, 0)
-
-    @property
-    def idle(self) -> bool:
-        """Nothing on it: it may be given whole."""
-        return not self.whole and self.pods == 0
+        self.cores = cores  # percent given to shared containers
+        self.memory = memory  # bytes given to shared containers
+        self.whole = whole  # given whole to one pod
+        self.pods = pods
+        self.free_cores = 0 if whole else CORES_PER_GPU - cores
+        self.free_memory = 0 if whole else max(gpu.memory - memory, 0)
+        self.idle = not whole and pods == 0  # nothing on it: it may be given whole
+        self.filled = self.fill()
 
     def fill(self, cores: int = 0, memory: int = 0) -> float:
         """The larger of its core and memory use, 0..1, after adding ``cores`` and ``memory``."""
@@ -187,12 +181,13 @@ class GpuUse:
 class NodeGpus:
     """A node's GPUs with what its ledger (and binds not yet seen in it) gives out."""
 
-    __slots__ = ("assigned", "gpus", "name")
+    __slots__ = ("filled", "gpus", "idle", "name")
 
-    def __init__(self, name: str, gpus: list[GpuUse], assigned: set[str]) -> None:
+    def __init__(self, name: str, gpus: list[GpuUse]) -> None:
         self.name = name
         self.gpus = gpus
-        self.assigned = assigned  # pod uids counted
+        self.idle = [g for g in gpus if g.idle]
+        self.filled = sum(g.filled for g in gpus)
 
     def largest_free_block(self) -> int:
         """Memory of the GPU with the most free memory for a new share: fragmentation's measure."""
@@ -235,20 +230,36 @@ def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_
         pending: (pod uid, assignment) of binds written but perhaps not in these annotations.
         ignore: a pod uid not to count (the pod being placed, if a failed bind left it there).
     """
-    inventory, totals, counted = _read(annotations, now, max_age)
-    gpus = {}
-    for gpu in inventory.gpus:
-        use = gpus[gpu.uuid] = GpuUse(gpu)
-        use.cores, use.memory, use.whole, use.pods = totals.get(gpu.uuid, (0, 0, False, 0))
-    assigned = set(counted)
-    if ignore in counted:  # a failed bind left the pod's own line: do not count it
-        _count(gpus, counted[ignore], -1)
+    inventory, usage, counted = _read(annotations, now, max_age)
+    return _node(name, inventory, _current(inventory, usage, counted, pending, ignore))
+
+
+def _current(inventory: Inventory, usage: _Usage, counted: Mapping[str, Assignment],
+             pending: Iterable[tuple[str, Assignment]], ignore: str) -> _Usage:
+    """A node's ``usage`` by its ledger of ``counted`` pods, with the pending binds it does not
+    hold yet added and the pod ``ignore`` taken off (a failed bind may have left its line)."""
+    seen = set(counted)
+    seen.add(ignore)
+    extra = []
     for uid, assignment in pending:
-        if uid not in assigned and uid != ignore:
-            _count(gpus, assignment)
-            assigned.add(uid)
-    assigned.discard(ignore)
-    return NodeGpus(name, sorted(gpus.values(), key=lambda g: g.gpu.index), assigned)
+        if uid not in seen:
+            extra.append(assignment)
+            seen.add(uid)
+    if ignore in counted:
+        usage = _added(inventory, usage, (counted[ignore],), -1)
+    return _added(inventory, usage, extra) if extra else usage
+
+
+def _node(name: str, inventory: Inventory, usage: _Usage) -> NodeGpus:
+    gpus = [GpuUse(gpu, *use) for gpu, use in zip(inventory.gpus, usage)]
+    return NodeGpus(name, sorted(gpus, key=lambda g: g.gpu.index))
+
+
+@lru_cache(maxsize=8192)
+def _gpus_of(inventory_text: str, usage: _Usage) -> NodeGpus:
+    """A node's GPUs as :func:`_placed` reads them (nameless), once per state: many pod sizes
+    are asked about one state of a node."""
+    return _node("", _inventory(inventory_text), usage)
 
 
 def recorded(annotations: Mapping[str, str] | None) -> tuple[Collection[str], float | None]:
@@ -269,35 +280,31 @@ def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,
               strategy: str, now: float, max_age: float,
               pending: Iterable[tuple[str, Assignment]] = (), ignore: str = "") -> Placement:
     """:func:`place` on :func:`node_gpus` (same arguments), answered from memory when the node's
-    annotations and the demand were seen before and nothing pending or ignored changes them:
-    filter and prioritize ask the same question, and so do pods of one size."""
-    pending = tuple(pending)
-    if not pending:
-        _, _, counted = _read(annotations, now, max_age)
-        if ignore not in counted:
-            assert annotations is not None  # _read raised otherwise
-            answer = _placed(_same_gpus(annotations[INVENTORY_ANNOTATION]),
-                             annotations.get(LEDGER_ANNOTATION), demand.cores, demand.memory,
-                             demand.whole, strategy)
-            if isinstance(answer, Unfit):
-                raise Unfit(answer.reason, answer.cause)
-            return answer
-    return place(node_gpus(name, annotations, now, max_age, pending, ignore), demand, strategy)
+    GPUs, what is given out on them (its ledger and the binds pending on it) and the demand were
+    seen before: filter and prioritize ask the same question, and so do pods of one size. Binds
+    in flight are on many nodes while a burst binds (with spread, on nearly all of them), and a
+    bind that moves from pending to the ledger changes nothing given out: the answer holds."""
+    inventory, usage, counted = _read(annotations, now, max_age)
+    assert annotations is not None  # _read raised otherwise
+    answer = _placed(_same_gpus(annotations[INVENTORY_ANNOTATION]),
+                     _current(inventory, usage, counted, pending, ignore), demand.cores,
+                     demand.memory, demand.whole, strategy)
+    if isinstance(answer, Unfit):
+        raise Unfit(answer.reason, answer.cause)
+    return answer
 
 
 @lru_cache(maxsize=65536)
-def _placed(inventory_text: str, ledger_text: str | None, cores: int, memory: int, whole: int,
+def _placed(inventory_text: str, usage: _Usage, cores: int, memory: int, whole: int,
             strategy: str) -> Placement | Unfit:
     try:
-        return place(node_gpus("", {INVENTORY_ANNOTATION: inventory_text, **(
-            {LEDGER_ANNOTATION: ledger_text} if ledger_text is not None else {})},
-            float("-inf"), float("inf")), Demand(cores, memory, whole), strategy)
+        return place(_gpus_of(inventory_text, usage), Demand(cores, memory, whole), strategy)
     except Unfit as unfit:
         return unfit
 
 
 def _read(annotations: Mapping[str, str] | None, now: float, max_age: float
-          ) -> tuple[Inventory, _Totals, dict[str, Assignment]]:
+          ) -> tuple[Inventory, _Usage, dict[str, Assignment]]:
     """A node's decoded annotations; raise Unfit (final) when it has no usable, fresh ones."""
     annotations = annotations or {}
     raw = annotations.get(INVENTORY_ANNOTATION)
@@ -305,7 +312,7 @@ def _read(annotations: Mapping[str, str] | None, now: float, max_age: float
         raise Unfit("no vcuda GPU inventory: the vcuda node agent does not run on this node",
                     NO_INVENTORY)
     try:
-        inventory, totals, counted = _parsed(raw, annotations.get(LEDGER_ANNOTATION))
+        inventory, usage, counted = _parsed(raw, annotations.get(LEDGER_ANNOTATION))
     except PlacementError as exc:
         raise Unfit(f"{exc}: check the vcuda node agent of this node",
                     UNREADABLE_INVENTORY) from None
@@ -313,25 +320,24 @@ def _read(annotations: Mapping[str, str] | None, now: float, max_age: float
     if age > max_age:
         raise Unfit(f"the vcuda node agent last published this node's GPUs {age:.0f} s ago "
                     f"(limit {max_age:.0f} s): check its vcuda-node pod", STALE_INVENTORY)
-    return inventory, totals, counted
+    return inventory, usage, counted
 
 
-# (uuid -> (cores, memory, whole, pods)) of a ledger: one decode per distinct annotation.
-_Totals = dict[str, tuple[int, int, bool, int]]
+# Each GPU's (cores, memory, whole, pods) given out, in the inventory's order: with the GPUs,
+# all a placement depends on. Not the ledger's text: a bind pending, then in the ledger, then
+# no longer pending leaves it as it was, and the answers remembered for it hold.
+_Usage = tuple[tuple[int, int, bool, int], ...]
 
 
 @lru_cache(maxsize=8192)
 def _parsed(inventory_text: str, ledger_text: str | None
-            ) -> tuple[Inventory, _Totals, dict[str, Assignment]]:
+            ) -> tuple[Inventory, _Usage, dict[str, Assignment]]:
     """Decode a node's two annotations once: the scheduler sends the same ones pod after pod,
     and they change only when a bind or the agent writes them."""
     inventory = _inventory(inventory_text)
-    gpus = {gpu.uuid: GpuUse(gpu) for gpu in inventory.gpus}
     counted = {uid: entry.assignment for uid, entry in ledger_entries(ledger_text).items()}
-    for assignment in counted.values():
-        _count(gpus, assignment)
-    totals = {uuid: (u.cores, u.memory, u.whole, u.pods) for uuid, u in gpus.items()}
-    return inventory, totals, counted
+    return inventory, _added(inventory, ((0, 0, False, 0),) * len(inventory.gpus),
+                             counted.values()), counted
 
 
 @lru_cache(maxsize=1024)
@@ -387,19 +393,23 @@ def wrote_ledger(text: str, entries: Mapping[str, Entry]) -> None:
         _ledgers.popitem(last=False)
 
 
-def _count(gpus: Mapping[str, GpuUse], assignment: Assignment, sign: int = 1) -> None:
+def _added(inventory: Inventory, usage: _Usage, assignments: Iterable[Assignment],
+           sign: int = 1) -> _Usage:
+    """``usage`` with ``assignments`` added (sign 1) or taken off (-1)."""
+    where = {gpu.uuid: index for index, gpu in enumerate(inventory.gpus)}
+    rows = [list(row) for row in usage]
     # A GPU the ledger names but the inventory lacks is gone: nothing is placed on it anyway.
-    if assignment.shared:
-        use = gpus.get(assignment.shared[0])
-        if use is not None:
-            use.cores += sign * assignment.shared[1]
-            use.memory += sign * assignment.shared[2]
-            use.pods += sign
-    for uuid in assignment.whole:
-        use = gpus.get(uuid)
-        if use is not None:
-            use.whole = sign > 0
-            use.pods += sign
+    for assignment in assignments:
+        if assignment.shared and (index := where.get(assignment.shared[0])) is not None:
+            row = rows[index]
+            row[0] += sign * assignment.shared[1]
+            row[1] += sign * assignment.shared[2]
+            row[3] += sign
+        for uuid in assignment.whole:
+            if (index := where.get(uuid)) is not None:
+                rows[index][2] = sign > 0
+                rows[index][3] += sign
+    return tuple((cores, memory, whole, pods) for cores, memory, whole, pods in rows)
 
 
 class Placement:
@@ -418,7 +428,7 @@ def place(node: NodeGpus, demand: Demand, strategy: str = "binpack",
     ``prefer``: GPUs to take where they still fit (those filter found, for bind: the extender
     counts a bind in flight there, so a bind that lands elsewhere misleads the next filters).
     """
-    idle = [g for g in node.gpus if g.idle]
+    idle = node.idle
     shared: GpuUse | None = None
     if demand.cores:
         fits = [g for g in node.gpus
@@ -450,9 +460,9 @@ def _score(node: NodeGpus, demand: Demand, shared: GpuUse | None, whole: int,
     """Binpack: fuller is better, for the chosen GPU and the node; spread: emptier is better."""
     if not node.gpus:
         return 0
-    node_fill = sum(g.fill() for g in node.gpus) + whole
+    node_fill = node.filled + whole
     if shared is not None:
-        node_fill += shared.fill(demand.cores, demand.memory) - shared.fill()
+        node_fill += shared.fill(demand.cores, demand.memory) - shared.filled
     node_fill /= len(node.gpus)
     fill = node_fill
     if shared is not None:

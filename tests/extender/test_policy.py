@@ -212,6 +212,38 @@ def test_an_answer_outlives_a_heartbeat_and_not_a_change_of_gpus_or_freshness(
         placement("n1", annotations(NOW + 30, [16 * GIB] * 2), demand, "binpack", NOW + 600, 120)
 
 
+def test_an_answer_is_remembered_for_what_the_ledger_and_binds_in_flight_give_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    computed = []
+    monkeypatch.setattr(policy, "place", lambda *args: computed.append(args) or place(*args))
+    node = node_object("n1", [16 * GIB, 16 * GIB])
+    annotations = node["metadata"]["annotations"]
+    demand = Demand(35, 3 * GIB, 0)  # a size no other test asks for: nothing remembered yet
+    one = [("b", shared_on(0, 50, 4))]
+    for _ in range(2):  # filter, then prioritize: one computation
+        assert placement("n1", annotations, demand, "spread", NOW, 120, one).assignment \
+            .shared[0] == gpu_uuid("n1", 1)
+    assert len(computed) == 1
+    two = [*one, ("c", shared_on(1, 60, 4))]  # another bind arrives: a new question
+    assert placement("n1", annotations, demand, "spread", NOW, 120, two).assignment \
+        .shared[0] == gpu_uuid("n1", 0)
+    assert len(computed) == 2
+    # The bind written: in the ledger and no longer pending, the same GPUs are given out.
+    ledger = {"b": Entry("team/b", int(NOW), shared_on(0, 50, 4))}
+    written = node_object("n1", [16 * GIB, 16 * GIB], annotations={
+        LEDGER_ANNOTATION: encode_ledger(ledger)})["metadata"]["annotations"]
+    assert placement("n1", written, demand, "spread", NOW, 120).assignment \
+        .shared[0] == gpu_uuid("n1", 1)
+    assert len(computed) == 2
+    # The pod placed is never counted, though a bind of it is pending.
+    itself = [*two, ("self", shared_on(0, 50, 4))]
+    answer = placement("n1", annotations, demand, "spread", NOW, 120, itself, ignore="self")
+    assert answer.assignment.shared[0] == gpu_uuid("n1", 0) and len(computed) == 2
+    with pytest.raises(Unfit, match="no GPU has 35%"):
+        placement("n1", annotations, demand, "spread", NOW, 120,
+                  [*two, ("d", shared_on(0, 20, 1)), ("e", shared_on(1, 10, 1))])
+
+
 def test_the_ledger_bind_writes_is_the_text_the_node_agent_writes_and_reads_back() -> None:
     entries = {
         "uid-b": Entry("team/b", NOW, Assignment((gpu_uuid("n", 1), 25, 3 * GIB), ())),
