@@ -397,19 +397,18 @@ def _added(inventory: Inventory, usage: _Usage, assignments: Iterable[Assignment
            sign: int = 1) -> _Usage:
     """``usage`` with ``assignments`` added (sign 1) or taken off (-1)."""
     where = {gpu.uuid: index for index, gpu in enumerate(inventory.gpus)}
-    rows = [list(row) for row in usage]
+    rows = list(usage)
     # A GPU the ledger names but the inventory lacks is gone: nothing is placed on it anyway.
     for assignment in assignments:
         if assignment.shared and (index := where.get(assignment.shared[0])) is not None:
-            row = rows[index]
-            row[0] += sign * assignment.shared[1]
-            row[1] += sign * assignment.shared[2]
-            row[3] += sign
+            cores, memory, whole, pods = rows[index]
+            rows[index] = (cores + sign * assignment.shared[1],
+                           memory + sign * assignment.shared[2], whole, pods + sign)
         for uuid in assignment.whole:
             if (index := where.get(uuid)) is not None:
-                rows[index][2] = sign > 0
-                rows[index][3] += sign
-    return tuple((cores, memory, whole, pods) for cores, memory, whole, pods in rows)
+                cores, memory, _, pods = rows[index]
+                rows[index] = (cores, memory, sign > 0, pods + sign)
+    return tuple(rows)
 
 
 class Placement:
