@@ -1406,6 +1406,8 @@ static const struct entry entries[] = {
     PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz),
     E("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
     PT("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel_ptsz),
+    E("cuMemsetD8Async", 3020, cuMemsetD8Async),
+    PT("cuMemsetD8Async", 7000, cuMemsetD8Async_ptsz),
     E("cuEventCreate", 2000, cuEventCreate),
     E("cuEventDestroy", 4000, cuEventDestroy_v2),
     E("cuEventRecord", 2000, cuEventRecord),

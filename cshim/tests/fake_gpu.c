@@ -580,6 +580,23 @@ TWINS(cuLaunchKernelEx,
       (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra),
       launch_ex, config, f, kernelParams)
 
+/* A memset on a stream: work as a kernel is, a nanosecond a byte (a copy or
+ * memset a library queues between kernels, as cuBLAS does its workspace's). */
+static CUresult memset_async(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream s,
+                             bool per_thread)
+{
+    (void)value;
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!dst)
+        return CUDA_ERROR_INVALID_VALUE;
+    return submit(s, per_thread, (int64_t)bytes);
+}
+
+TWINS(cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t bytes, CUstream s),
+      memset_async, dst, value, bytes, s)
+
 /* ---- streams ---- */
 
 CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)

@@ -20,6 +20,7 @@
  *   vmmfd BYTES DEV | vmmexport N | vmmimport PID FD | vmmmap N BYTES | vmmmap2 N M BYTES
  *   vmmretain N
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
+ *   gaps NS EVERY_US MS | gapsmemset NS EVERY_US MS BYTES
  *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
  * K, M or G suffix (powers of 1024).
@@ -51,6 +52,9 @@
  *             stream for MS ms (a launch-bound program: the device idles
  *             between its kernels); prints "gaps LAUNCHES SLOW": the launches
  *             made, and how many of their calls took a millisecond or more.
+ *             gapsmemset NS EVERY_US MS BYTES: the same, each launch right
+ *             behind a cuMemsetD8Async of BYTES on the stream, as a library
+ *             queues a workspace's memset before its kernel.
  *   vmmfd     creates BYTES of VMM memory on DEV that can be exported as a
  *             POSIX file descriptor; vmmexport exports handle N so and prints
  *             "vmmexport RESULT PID FD"; vmmimport takes that descriptor from
@@ -138,6 +142,7 @@ struct api {
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*CtxSynchronize)(void);
+    CUresult (*MemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned, unsigned, CUstream, void **, void **);
     CUresult (*LaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
@@ -224,6 +229,7 @@ static const struct binding bindings[] = {
     BIND(EventRecord, "cuEventRecord", cuEventRecord, 2000),
     BIND(EventSynchronize, "cuEventSynchronize", cuEventSynchronize, 2000),
     BIND(CtxSynchronize, "cuCtxSynchronize", cuCtxSynchronize, 2000),
+    BIND(MemsetD8Async, "cuMemsetD8Async", cuMemsetD8Async, 3020),
     BIND(LaunchKernel, "cuLaunchKernel", cuLaunchKernel, 4000),
     BIND(LaunchKernelEx, "cuLaunchKernelEx", cuLaunchKernelEx, 11060),
     BIND(LaunchCooperativeKernel, "cuLaunchCooperativeKernel", cuLaunchCooperativeKernel, 9000),
@@ -755,17 +761,21 @@ static void load(const char *label, enum api_kind kind, uint64_t ns, CUgraphExec
 
 /* Launches a spin kernel of ns every every_ns for ms; prints what it made and how many
  * launch calls were slow. */
-static void gaps(uint64_t ns, int64_t every_ns, int64_t ms)
+static void gaps(uint64_t ns, int64_t every_ns, int64_t ms, size_t memset_bytes)
 {
     int64_t start = now_ns();
     long launches = 0, slow = 0;
-    CUresult r = CUDA_SUCCESS;
+    CUdeviceptr buffer = 0;
+    CUresult r = memset_bytes ? api.MemAlloc(&buffer, memset_bytes) : CUDA_SUCCESS;
     for (int64_t next = start; r == CUDA_SUCCESS && next < start + ms * 1000000;
          next = start + ++launches * every_ns) {
         while (now_ns() < next)
             ;   /* sleeping would oversleep the gap */
         int64_t called = now_ns();
-        r = launch_spin(API_KERNEL, ns, NULL, NULL);
+        if (memset_bytes)
+            r = api.MemsetD8Async(buffer, 0, memset_bytes, NULL);
+        if (r == CUDA_SUCCESS)
+            r = launch_spin(API_KERNEL, ns, NULL, NULL);
         slow += now_ns() - called >= 1000000;
     }
     CUresult synced = api.CtxSynchronize();
@@ -1196,8 +1206,13 @@ static int step(char **cmd, int left)
         return 2;
     }
     if (!strcmp(c, "gaps")) {
-        gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3));
+        gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3), 0);
         return 4;
+    }
+    if (!strcmp(c, "gapsmemset")) {
+        gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3),
+             left > 4 ? strtoull(cmd[4], NULL, 10) : 0);
+        return 5;
     }
     if (!strcmp(c, "records")) {
         char counted[32];
