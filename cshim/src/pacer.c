@@ -145,14 +145,15 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
         return false;
 
     int64_t *bucket = &vc_region()->bucket[l->device];
-    end_run_before(l, vc_bucket_wait(bucket, vc_clock_ns()) > 0);
+    bool waits = vc_bucket_wait(bucket, vc_clock_ns()) > 0;
+    end_run_before(l, waits);
     pacer_wait(l->device);
 
     pthread_mutex_lock(&pacer.lock);
     struct kernel *k = pacer_claim_kernel(key, l->device);
     l->guessed = k->costs < TRUSTED;
     l->charged = k->costs ? pacer_estimate(k) : pacer.typical_ns;
-    bool opened = pacer_plan_timing(l, k, vc_clock_ns());
+    bool opened = pacer_plan_timing(l, k, waits, vc_clock_ns());
     pthread_mutex_unlock(&pacer.lock);
     pacer_charge(l->device, l->charged);
     struct record *timed = opened ? &pacer.records[l->record % RECORDS] : NULL;
@@ -231,7 +232,7 @@ void vc_pacer_forked(void)
     pacer.head = pacer.tail = pacer.read_lately = pacer.same_stream = 0;
     pacer.last_stream = 0;
     thread_run.open = false;
-    thread_run.filled = 0;
+    thread_run.filled = thread_run.launched = 0;
     pacer.started = pacer.stopping = pacer.reading = pacer.forgot = false;
     pacer.typical_ns = FIRST_GUESS_NS;
 }

@@ -106,10 +106,11 @@ static void join_run(struct vc_launch *l, const struct kernel *k, int64_t now)
  * is known), up to RUN, timed by one pair of events. A run's start event
  * matters: the device may be running another process's time slice when it
  * begins, and its kernels start only after that. One right behind a full run
- * has none: the full run's end event is its start. Kernels on several
+ * has none: the full run's end event is its start. A thread that launches
+ * slower than its kernels run opens no runs (below). Kernels on several
  * streams are all timed, to be on the timeline and count once where they
  * overlap. */
-bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, int64_t now)
+bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64_t now)
 {
     uint64_t stream = pacer_stream_key(l->stream, l->ptsz);
     if (stream != pacer.last_stream)
@@ -119,6 +120,11 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, int64_t now)
     pacer.last_stream = stream;
     bool trusted = k->costs >= TRUSTED, follows = thread_run.filled == stream;
     thread_run.filled = 0;
+    bool here = thread_run.launched == stream;
+    bool behind = !waited && here && now > thread_run.drained;
+    thread_run.drained = (here && thread_run.drained > now ? thread_run.drained : now)
+                         + pacer_estimate(k);
+    thread_run.launched = stream;
     pacer.tally.launches++;
     pacer.tally.up_front_ns += l->charged;
     if (pacer_joins_run(l, trusted, stream, now)) {
@@ -128,12 +134,19 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, int64_t now)
     }
     bool small = trusted && k->cost < SMALL_NS;
     bool runs = small && pacer.same_stream >= ONE_STREAM;
+    /* A thread whose stream ran dry before a launch it did not hold back for
+     * the bucket is behind its device: its next launch would not come before
+     * a run drained either. So the launch's end event goes right behind it,
+     * not at that next launch: by then the program may have queued copies or
+     * memsets on the stream (unseen here), and an end event behind them would
+     * time the idle gap before them too. */
+    bool opens = runs && !behind;
     l->timed = take_record(l, k, !small || (runs && !follows), now);
-    l->ends = !runs;
+    l->ends = !opens;
     pacer.tally.untimed += !l->timed;
-    pacer.tally.in_runs += l->timed && runs;
-    pacer.tally.alone += l->timed && !runs;
-    if (l->timed && runs)
+    pacer.tally.in_runs += l->timed && opens;
+    pacer.tally.alone += l->timed && !opens;
+    if (l->timed && opens)
         open_run_with(l, k, stream, now);
     return l->timed;
 }

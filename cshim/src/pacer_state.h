@@ -112,14 +112,17 @@ struct record {
     enum record_state state;
 };
 
-/* The run this thread is adding its launches to, if open; and the stream
- * whose run its last launch filled and ended, if any. */
+/* The run this thread is adding its launches to, if open; the stream whose
+ * run its last launch filled and ended, if any; and the stream of its last
+ * launch, with when that launch's kernels should be done there. */
 struct thread_run {
     bool open;
     uint32_t seq;
     struct vc_pacer_context *context;
     uint64_t stream;
     uint64_t filled;
+    uint64_t launched;
+    int64_t drained;
 };
 
 /* What the pacer did in this process, logged at exit (info): how its
@@ -173,7 +176,7 @@ void pacer_remember_guess(const struct vc_launch *l);
 uint64_t pacer_stream_key(CUstream stream, bool ptsz);
 struct record *pacer_open_run(void);
 bool pacer_joins_run(const struct vc_launch *l, bool trusted, uint64_t stream, int64_t now);
-bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, int64_t now);
+bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64_t now);
 void pacer_close_locked(uint32_t seq, struct vc_pacer_context *context, enum record_state state);
 
 /* pacer_thread.c */

@@ -202,6 +202,23 @@ def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
     assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
 
 
+def test_a_memset_queued_before_each_launch_does_not_charge_the_idle_gap_before_it(
+    gpu: FakeGpu,
+) -> None:
+    # As a library queues a workspace's memset (or a copy) before its kernel:
+    # work on the stream that the library does not see. An end event recorded
+    # at the next launch would sit behind that memset and time the whole idle
+    # gap: the old pacer charged 60 us a launch here and held the loop to 30%.
+    limited(gpu, 30)
+    lines = gpu.lines(*LOAD, "gapsmemset", str(5 * US), "200", "1500", str(2 * US))
+    launches, slow = int(lines[-1][1]), int(lines[-1][2])
+    assert launches == 1500 * 1000 // 200
+    assert slow <= launches // 100, slow
+    # The kernel and the memset, 7 us of device time a launch, and their events' moment.
+    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    assert 5 * US <= charged <= 1.5 * 7 * US, charged
+
+
 @pytest.mark.parametrize(("every_us", "waited", "busy"), [(200, False, 2.5), (10, True, 30)])
 def test_launch_gaps_on_a_simulated_clock_are_never_charged(
     shim_build: None, every_us: int, waited: bool, busy: float
