@@ -105,11 +105,13 @@ def decode_inventory(text: str) -> Inventory:
         heartbeat = body["heartbeat"]
         if not _whole(heartbeat):
             raise ValueError(f"heartbeat {heartbeat!r}")
-        gpus = []
+        gpus: list[Gpu] = []
         for item in body["gpus"]:
             uuid, index, memory = item["uuid"], item["index"], item["memory"]
             if not isinstance(uuid, str) or not uuid or not _whole(index) or not _whole(memory):
                 raise ValueError(f"GPU {item!r}")
+            if any(gpu.uuid == uuid for gpu in gpus):  # what is given out is counted by UUID
+                raise ValueError(f"GPU {uuid} is listed twice")
             gpus.append(Gpu(uuid, index, memory))
     except (KeyError, TypeError, ValueError) as exc:
         raise PlacementError(f"{INVENTORY_ANNOTATION} is malformed: {exc}") from None

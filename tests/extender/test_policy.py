@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from extender import policy
 from extender.policy import (
+    UNREADABLE_INVENTORY,
     Demand,
     DemandError,
     Unfit,
@@ -15,7 +18,7 @@ from extender.policy import (
     placement,
     pod_demand,
 )
-from runtime_hook.contract import LEDGER_ANNOTATION
+from runtime_hook.contract import INVENTORY_ANNOTATION, LEDGER_ANNOTATION
 from runtime_hook.placement import Assignment, Entry, decode_ledger, encode_ledger
 from tests.extender.cluster import CORE_KEYS, GIB, NOW, gpu_uuid, node_object, pod_object
 
@@ -154,6 +157,17 @@ def test_a_stale_inventory_makes_the_node_unfit_for_good_with_its_age() -> None:
 def test_a_node_without_inventory_says_the_node_agent_does_not_run_there() -> None:
     with pytest.raises(Unfit, match="the vcuda node agent does not run on this node"):
         node_gpus("n1", {}, NOW, 120)
+
+
+def test_an_inventory_that_lists_a_gpu_twice_is_unreadable() -> None:
+    node = node_object("n1", [GIB, GIB])
+    annotations = node["metadata"]["annotations"]
+    twice = json.loads(annotations[INVENTORY_ANNOTATION])
+    twice["gpus"][1]["uuid"] = twice["gpus"][0]["uuid"]
+    annotations[INVENTORY_ANNOTATION] = json.dumps(twice)
+    with pytest.raises(Unfit, match="is listed twice") as raised:
+        placement("n1", annotations, Demand(10, GIB, 0), "binpack", NOW, 120)
+    assert raised.value.cause == UNREADABLE_INVENTORY
 
 
 def test_a_malformed_ledger_is_named() -> None:
