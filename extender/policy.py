@@ -219,7 +219,7 @@ class Unfit(ExtenderError):
 
 
 def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_age: float,
-              pending: Iterable[tuple[str, Assignment]] = (), ignore: str = "") -> NodeGpus:
+              pending: Collection[tuple[str, Assignment]] = (), ignore: str = "") -> NodeGpus:
     """Read a node's inventory and ledger; raise Unfit when it cannot take vcuda pods.
 
     Args:
@@ -235,9 +235,11 @@ def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_
 
 
 def _current(inventory: Inventory, usage: _Usage, counted: Mapping[str, Assignment],
-             pending: Iterable[tuple[str, Assignment]], ignore: str) -> _Usage:
+             pending: Collection[tuple[str, Assignment]], ignore: str) -> _Usage:
     """A node's ``usage`` by its ledger of ``counted`` pods, with the pending binds it does not
     hold yet added and the pod ``ignore`` taken off (a failed bind may have left its line)."""
+    if not pending and ignore not in counted:  # most nodes, most of the time
+        return usage
     seen = set(counted)
     seen.add(ignore)
     extra = []
@@ -278,7 +280,7 @@ def recorded(annotations: Mapping[str, str] | None) -> tuple[Collection[str], fl
 
 def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,
               strategy: str, now: float, max_age: float,
-              pending: Iterable[tuple[str, Assignment]] = (), ignore: str = "") -> Placement:
+              pending: Collection[tuple[str, Assignment]] = (), ignore: str = "") -> Placement:
     """:func:`place` on :func:`node_gpus` (same arguments), answered from memory when the node's
     GPUs, what is given out on them (its ledger and the binds pending on it) and the demand were
     seen before: filter and prioritize ask the same question, and so do pods of one size. Binds

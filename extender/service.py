@@ -107,9 +107,10 @@ class Extender:
         except DemandError as exc:
             unresolvable = dict.fromkeys(args.names, str(exc))
             return self._filtered(args, kept, failed, unresolvable)
+        uid, now = _pod_uid(args.pod), self._clock()
         for name in args.names:
             try:
-                placed = self._place(args, name, demand)
+                placed = self._place(uid, name, demand, now)
             except Unfit as exc:
                 if exc.cause:
                     unresolvable[name] = exc.reason
@@ -132,11 +133,12 @@ class Extender:
             demand = pod_demand(args.pod, self._core_keys)
         except DemandError:
             demand = Demand(0, 0, 0)
+        uid, now = _pod_uid(args.pod), self._clock()
         for name in args.names:
             score = 0
             if demand and self._nodes.ready:
                 try:
-                    score = self._place(args, name, demand).score
+                    score = self._place(uid, name, demand, now).score
                 except Unfit:
                     score = 0
             scores.append((name, score))
@@ -165,29 +167,27 @@ class Extender:
         return Outcome(binding_result(), "bound",
                        {"pod": who, "node": args.node, "gpus": list(assignment.gpus())})
 
-    def _place(self, args: ExtenderArgs, name: str, demand: Demand) -> Placement:
-        """Where the pod goes on node ``name`` as the view shows it, binds in flight counted;
-        raise Unfit (final for a node the view lacks: not a vcuda node)."""
+    def _place(self, uid: str, name: str, demand: Demand, now: float) -> Placement:
+        """Where pod ``uid`` goes on node ``name`` as the view shows it at ``now``, binds in
+        flight counted; raise Unfit (final for a node the view lacks: not a vcuda node)."""
         node = self._nodes.get(name)
         if node is None:
             raise Unfit(NOT_VCUDA, NOT_VCUDA_NODE)
         annotations = node.annotations
-        now = self._clock()
         pending = self._pending.get(name)
         extra: list[tuple[str, Assignment]] = []
         if pending:
             # A bind the node's copy accounts for is counted from there (or is over): forget
             # it, or it would count again once its pod ends and the line is pruned.
             self._forget(name, pending, now, *recorded(annotations))
-            extra = [(uid, a) for uid, (a, _) in pending.items()]
-        uid = (args.pod.get("metadata") or {}).get("uid") or ""
+            extra = [(pod, a) for pod, (a, _) in pending.items()]
         return placement(name, annotations, demand, self._strategy, now, self._max_age, extra,
                          ignore=uid)
 
     def _see(self, pod: dict) -> _Sent | None:
         """Keep the pod filter was sent, for its bind (which names it only)."""
-        uid = (pod.get("metadata") or {}).get("uid")
-        if not isinstance(uid, str) or not uid:
+        uid = _pod_uid(pod)
+        if not uid:
             return None
         sent = self._sent[uid] = _Sent(pod)
         self._sent.move_to_end(uid)
@@ -222,6 +222,12 @@ class Extender:
         return Outcome(filter_result(kept, failed, unresolvable), "filter",
                        {"pod": _pod_name(args), "kept": len(kept),
                         "failed": len(failed) + len(unresolvable)})
+
+
+def _pod_uid(pod: dict) -> str:
+    """The pod's uid, or "" when it has none that is a string."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    return uid if isinstance(uid, str) else ""
 
 
 def _pod_name(args: ExtenderArgs) -> str:
