@@ -580,8 +580,8 @@ TWINS(cuLaunchKernelEx,
       (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra),
       launch_ex, config, f, kernelParams)
 
-/* A memset on a stream: work as a kernel is, a nanosecond a byte (a copy or
- * memset a library queues between kernels, as cuBLAS does its workspace's). */
+/* A memset on a stream: work as a kernel is, a nanosecond a byte (as the
+ * copies and memsets a program queues between its kernels are). */
 static CUresult memset_async(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream s,
                              bool per_thread)
 {

@@ -53,8 +53,8 @@
  *             between its kernels); prints "gaps LAUNCHES SLOW": the launches
  *             made, and how many of their calls took a millisecond or more.
  *             gapsmemset NS EVERY_US MS BYTES: the same, each launch right
- *             behind a cuMemsetD8Async of BYTES on the stream, as a library
- *             queues a workspace's memset before its kernel.
+ *             behind a cuMemsetD8Async of BYTES on the stream, as a program
+ *             queues a memset or copy before a kernel.
  *   vmmfd     creates BYTES of VMM memory on DEV that can be exported as a
  *             POSIX file descriptor; vmmexport exports handle N so and prints
  *             "vmmexport RESULT PID FD"; vmmimport takes that descriptor from

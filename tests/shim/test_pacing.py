@@ -205,8 +205,8 @@ def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
 def test_a_memset_queued_before_each_launch_does_not_charge_the_idle_gap_before_it(
     gpu: FakeGpu,
 ) -> None:
-    # As a library queues a workspace's memset (or a copy) before its kernel:
-    # work on the stream that the library does not see. An end event recorded
+    # As a program queues a memset (or a copy) before a kernel: work on the
+    # stream that libvcuda does not see. An end event recorded
     # at the next launch would sit behind that memset and time the whole idle
     # gap: the old pacer charged 60 us a launch here and held the loop to 30%.
     limited(gpu, 30)
