@@ -128,8 +128,7 @@ class NodeWatch:
 
     async def _list(self) -> None:
         try:
-            listed = _decode_list(msgspec.json.encode(await self._kube.get(_PATH,
-                                                                           accept=_LIST_AS)))
+            listed = _decode_list(await self._kube.read(_PATH, accept=_LIST_AS))
         except msgspec.DecodeError as exc:
             raise WatchError(f"the node list is not a NodeList: {exc}") from None
         self.view.replace([item.metadata for item in listed.items or ()],

@@ -107,30 +107,31 @@ class Kube:
 
     async def get(self, path: str, accept: str | None = None) -> dict[str, Any]:
         """GET ``path`` (with its query); ``accept`` asks for another form of the answer."""
+        return _decoded(await self.read(path, accept))
+
+    async def read(self, path: str, accept: str | None = None) -> bytes:
+        """GET ``path`` as :meth:`get` does, its answer left as it came: for a caller that
+        decodes it into types of its own."""
         return await self._call("GET", path, None, None, accept)
 
     async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("PATCH", path, body, MERGE_PATCH)
+        return _decoded(await self._call("PATCH", path, body, MERGE_PATCH))
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._call("POST", path, body, "application/json")
+        return _decoded(await self._call("POST", path, body, "application/json"))
 
     async def lines(self, path: str, accept: str | None = None,
                     idle: float = 60.0) -> AsyncGenerator[bytes, None]:
         """GET ``path`` and yield its answer line by line as it comes (a watch); raise
         KubeError if the API refuses it, cannot be reached, or sends nothing for ``idle``
         seconds."""
-        headers = self._credentials.header()
-        if accept:
-            headers["Accept"] = accept
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=idle)
         try:
-            async with self._session.get(self._credentials.url + path, headers=headers,
+            async with self._session.get(self._credentials.url + path,
+                                         headers=self._headers(accept),
                                          timeout=timeout) as answer:
                 if answer.status >= 300:
-                    payload = await answer.read()
-                    raise KubeError(answer.status, _message(payload)
-                                    or f"HTTP {answer.status} from GET {path}")
+                    _check("GET", path, answer.status, await answer.read())
                 pending = b""
                 async for chunk in answer.content.iter_any():
                     *complete, pending = (pending + chunk).split(b"\n")
@@ -138,14 +139,17 @@ class Kube:
                         if line.strip():
                             yield line
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise KubeError(0, f"cannot reach the API server (GET {path}): "
-                               f"{exc or type(exc).__name__}") from None
+            raise _unreachable("GET", path, exc) from None
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None,
-                    content_type: str | None, accept: str | None = None) -> dict[str, Any]:
+    def _headers(self, accept: str | None) -> dict[str, str]:
         headers = self._credentials.header()
         if accept:
             headers["Accept"] = accept
+        return headers
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None,
+                    content_type: str | None, accept: str | None = None) -> bytes:
+        headers = self._headers(accept)
         data = None
         if body is not None:
             headers["Content-Type"] = content_type or "application/json"
@@ -156,22 +160,32 @@ class Kube:
                 payload = await answer.read()
                 status = answer.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise KubeError(0, f"cannot reach the API server ({method} {path}): "
-                               f"{exc or type(exc).__name__}") from None
-        if status >= 300:
-            raise KubeError(status, _message(payload) or f"HTTP {status} from {method} {path}")
-        try:
-            result = msgspec.json.decode(payload) if payload else {}
-        except msgspec.DecodeError:
-            result = {}
-        return result
+            raise _unreachable(method, path, exc) from None
+        _check(method, path, status, payload)
+        return payload
+
+
+def _decoded(payload: bytes) -> dict[str, Any]:
+    """An answer as JSON; {} when it is empty or not JSON."""
+    try:
+        return msgspec.json.decode(payload) if payload else {}
+    except msgspec.DecodeError:
+        return {}
+
+
+def _check(method: str, path: str, status: int, payload: bytes) -> None:
+    """Raise KubeError for an answer that is not a success."""
+    if status >= 300:
+        raise KubeError(status, _message(payload) or f"HTTP {status} from {method} {path}")
+
+
+def _unreachable(method: str, path: str, exc: BaseException) -> KubeError:
+    return KubeError(0, f"cannot reach the API server ({method} {path}): "
+                        f"{exc or type(exc).__name__}")
 
 
 def _message(payload: bytes) -> str | None:
     """The message of an error answer (a Status object), if it has one."""
-    try:
-        result = msgspec.json.decode(payload) if payload else {}
-    except msgspec.DecodeError:
-        return None
+    result = _decoded(payload)
     message = result.get("message") if isinstance(result, dict) else None
     return message if isinstance(message, str) else None

@@ -78,8 +78,7 @@ class FakeNodesApi(FakeKubeApi):
 
     def __init__(self, keep_alive: bool = False, subject: str = NODE_AGENT) -> None:
         super().__init__(subject, keep_alive=keep_alive)
-        self.node_events: deque[_Write] = deque(
-            maxlen=WATCH_WINDOW)
+        self.node_events: deque[_Write] = deque(maxlen=WATCH_WINDOW)
         self._compacted = 0  # the revision of the newest node write no longer kept
         self._written = threading.Condition(self.lock)
 
@@ -195,7 +194,6 @@ class FakeNodesApi(FakeKubeApi):
                                "metadata": n["metadata"]} for n in chosen]}
         return {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": version},
                 "items": chosen}
-
 
     def _selector(self) -> list[tuple[str, str, str]]:
         selector = (self.local.query.get("labelSelector") or [""])[0]
