@@ -152,7 +152,7 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
     pthread_mutex_lock(&pacer.lock);
     struct kernel *k = pacer_claim_kernel(key, l->device);
     l->guessed = k->costs < TRUSTED;
-    l->charged = k->costs ? pacer_estimate(k) : pacer.typical_ns;
+    l->charged = pacer_up_front(k);
     bool opened = pacer_plan_timing(l, k, waits, vc_clock_ns());
     pthread_mutex_unlock(&pacer.lock);
     pacer_charge(l->device, l->charged);

@@ -26,12 +26,24 @@ struct kernel *pacer_claim_kernel(uint64_t key, int device)
 
 /* Kernel k's own GPU time as its timed launches tell it so far: what a
  * launch of it is charged up front, and how long it keeps its stream busy.
- * Not what its launches were charged lately: that may hold idle time the
- * estimate leaves out, and a run predicted to drain later than it does
- * would take in the device's idle time. */
+ * Its estimate, or what its launches were charged lately if that is lower:
+ * an estimate can stay high, learned from a few samples that began behind a
+ * launch call (a lazily loaded kernel's first one spends its loading there)
+ * while the kernel never queues again to teach a lower one. Not what its
+ * launches were charged if that is higher: it may hold idle time, and a run
+ * predicted to drain later than it does would take in the device's idle
+ * time. */
 int64_t pacer_estimate(const struct kernel *k)
 {
-    return k->estimate.count ? k->estimate.ns : k->cost;
+    if (!k->estimate.count)
+        return k->cost;
+    return k->costs && k->cost < k->estimate.ns ? k->cost : k->estimate.ns;
+}
+
+/* What a launch of kernel k is charged before it is timed. */
+int64_t pacer_up_front(const struct kernel *k)
+{
+    return k->costs ? pacer_estimate(k) : pacer.typical_ns;
 }
 
 /* The most a launch of kernel k is charged once timed: a steady kernel,
@@ -44,7 +56,7 @@ int64_t pacer_cap(const struct kernel *k, int64_t percent)
 }
 
 /* Takes what a timed launch of kernel k was charged into account: the next
- * launches are charged about that much up front. */
+ * launches are charged no more than about that much up front. */
 void pacer_learn_cost(struct kernel *k, int64_t cost)
 {
     k->cost = k->costs++ ? k->cost + (cost - k->cost) / 8 : cost;
@@ -52,7 +64,7 @@ void pacer_learn_cost(struct kernel *k, int64_t cost)
     /* Not at the first launch: it may have waited behind the untimed ones, so
      * for them the lower of the cost and the estimate (which leaves waits out). */
     if (k->costs == TRUSTED) {
-        int64_t each = k->cost < k->estimate.ns ? k->cost : k->estimate.ns;
+        int64_t each = pacer_up_front(k);
         vc_log(VC_LOG_DEBUG, "kernel %016llx costs %lld ns", (unsigned long long)k->key,
                (long long)each);
         pacer_charge(k->device, each * k->untimed_guesses - k->untimed_guess_ns);

@@ -168,6 +168,7 @@ static inline int64_t pacer_over(int64_t ns, int64_t percent) { return ns + ns *
 struct kernel *pacer_kernel(uint64_t key);
 struct kernel *pacer_claim_kernel(uint64_t key, int device);
 int64_t pacer_estimate(const struct kernel *k);
+int64_t pacer_up_front(const struct kernel *k);
 int64_t pacer_cap(const struct kernel *k, int64_t percent);
 void pacer_learn_cost(struct kernel *k, int64_t cost);
 void pacer_remember_guess(const struct vc_launch *l);

@@ -59,10 +59,15 @@ static void charge_record(struct record *r, const struct reading *m)
      * it only corrects the bucket; nor does a small kernel's record that
      * found its stream idle, whose few us before the kernel would be much of
      * it. A large kernel's is a sample (a kernel paced one launch at a time
-     * never queues): its floor leaves out what another process ran. */
+     * never queues): its floor leaves out what another process ran. Large as
+     * its launches so far were charged, not as this record took: a small
+     * kernel's first launch can take long (a lazily loaded kernel's code is
+     * loaded in it), and a small kernel that never queues would never teach
+     * a lower sample. */
     bool tells = k && !r->mixed && !r->late;
+    bool large = k && k->costs && k->cost >= SMALL_NS;
     int64_t each = (m->end - start) / launches;
-    if (tells && (queued || each >= SMALL_NS) && m->end > start)
+    if (tells && (queued || (large && each >= SMALL_NS)) && m->end > start)
         vc_estimate_add(&k->estimate, each, vc_clock_ns());
     if (tells)
         pacer_learn_cost(k, cost / launches);

@@ -70,6 +70,7 @@ struct module {
 struct function {
     bool alive;
     struct module *module;
+    bool launched;
 };
 
 struct graph {
@@ -370,14 +371,19 @@ static int64_t event_at(const struct stream *s)
     return at;
 }
 
+/* A duration the tests may set in the environment, in ns. */
+static int64_t ns_from_env(const char *name, int64_t otherwise)
+{
+    const char *set = getenv(name);
+    return set ? strtoll(set, NULL, 10) : otherwise;
+}
+
 /* What an event between two kernels costs the device. */
 static int64_t event_cost_ns(void)
 {
     static int64_t cost = -1;
-    if (cost < 0) {
-        const char *set = getenv("VCUDA_FAKE_EVENT_NS");
-        cost = set ? strtoll(set, NULL, 10) : 2000;
-    }
+    if (cost < 0)
+        cost = ns_from_env("VCUDA_FAKE_EVENT_NS", 2000);
     return cost;
 }
 
@@ -492,7 +498,7 @@ CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
     bool found = m && declares(m->text, name);
     struct function *fn = found ? FREE_ENTRY(functions) : NULL;
     if (fn)
-        *fn = (struct function){true, m};
+        *fn = (struct function){.alive = true, .module = m};
     pthread_mutex_unlock(&lock);
     *hfunc = (CUfunction)fn;
     return fn ? CUDA_SUCCESS
@@ -537,14 +543,17 @@ static CUresult check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz
 
 /* The host's time in a launch call before its kernel reaches the device
  * (VCUDA_FAKE_LAUNCH_NS, default 0): the driver's own work, a thread
- * descheduled. */
-static void launch_call_time(void)
+ * descheduled. A function's first launch call takes VCUDA_FAKE_FIRST_LAUNCH_NS
+ * more (default 0): a driver that loads modules lazily loads the function's
+ * code then. */
+static void launch_call_time(struct function *fn)
 {
-    static int64_t ns = -1;
-    if (ns < 0) {
-        const char *set = getenv("VCUDA_FAKE_LAUNCH_NS");
-        ns = set ? strtoll(set, NULL, 10) : 0;
+    static int64_t each = -1, first = -1;
+    if (each < 0) {
+        each = ns_from_env("VCUDA_FAKE_LAUNCH_NS", 0);
+        first = ns_from_env("VCUDA_FAKE_FIRST_LAUNCH_NS", 0);
     }
+    int64_t ns = each + (__atomic_exchange_n(&fn->launched, true, __ATOMIC_RELAXED) ? 0 : first);
     for (int64_t until = now_ns() + ns; now_ns() < until;)
         ;
 }
@@ -556,7 +565,7 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     CUresult r = check_launch(f, gx, gy, gz, bx, by, bz, params, &ns);
     if (r != CUDA_SUCCESS)
         return r;
-    launch_call_time();
+    launch_call_time((struct function *)f);
     return submit(s, per_thread, ns);
 }
 

@@ -20,7 +20,7 @@
  *   vmmfd BYTES DEV | vmmexport N | vmmimport PID FD | vmmmap N BYTES | vmmmap2 N M BYTES
  *   vmmretain N
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
- *   gaps NS EVERY_US MS | gapsmemset NS EVERY_US MS BYTES
+ *   gaps NS EVERY_US MS | gapsmemset NS EVERY_US MS BYTES | gapslate NS EVERY_US MS
  *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
  * K, M or G suffix (powers of 1024).
@@ -54,7 +54,13 @@
  *             made, and how many of their calls took a millisecond or more.
  *             gapsmemset NS EVERY_US MS BYTES: the same, each launch right
  *             behind a cuMemsetD8Async of BYTES on the stream, as a program
- *             queues a memset or copy before a kernel.
+ *             queues a memset or copy before a kernel. gapslate NS EVERY_US
+ *             MS: the same, but from launch LATE_KERNEL_AFTER on, the kernel
+ *             of a module loaded then (a kernel first launched when the
+ *             program has long run on its stream); and each launch comes
+ *             EVERY_US after the last one's call returned, as a loop that
+ *             does its own work between launches (a slow call is never made
+ *             up for with launches in a row, which would queue).
  *   vmmfd     creates BYTES of VMM memory on DEV that can be exported as a
  *             POSIX file descriptor; vmmexport exports handle N so and prints
  *             "vmmexport RESULT PID FD"; vmmimport takes that descriptor from
@@ -759,25 +765,38 @@ static void load(const char *label, enum api_kind kind, uint64_t ns, CUgraphExec
             100.0 * (double)launches * (double)work_ns / (double)wall);
 }
 
+/* gapslate: the launch from which a newly loaded kernel is launched instead. */
+#define LATE_KERNEL_AFTER 100
+
 /* Launches a spin kernel of ns every every_ns for ms; prints what it made and how many
- * launch calls were slow. */
-static void gaps(uint64_t ns, int64_t every_ns, int64_t ms, size_t memset_bytes)
+ * launch calls were slow. late: from launch LATE_KERNEL_AFTER on, the kernel of a module
+ * loaded then; and each launch comes every_ns after the last one's call returned, so a
+ * slow call is never made up for with launches in a row (which would queue). */
+static void gaps(uint64_t ns, int64_t every_ns, int64_t ms, size_t memset_bytes, bool late)
 {
-    int64_t start = now_ns();
+    int64_t start = now_ns(), next = start;
     long launches = 0, slow = 0;
+    CUfunction first = spin;
     CUdeviceptr buffer = 0;
     CUresult r = memset_bytes ? api.MemAlloc(&buffer, memset_bytes) : CUDA_SUCCESS;
-    for (int64_t next = start; r == CUDA_SUCCESS && next < start + ms * 1000000;
-         next = start + ++launches * every_ns) {
+    while (r == CUDA_SUCCESS && next < start + ms * 1000000) {
         while (now_ns() < next)
             ;   /* sleeping would oversleep the gap */
+        CUmodule module;
+        if (late && launches == LATE_KERNEL_AFTER
+            && (r = api.ModuleLoadData(&module, spin_ptx)) == CUDA_SUCCESS)
+            r = api.ModuleGetFunction(&spin, module, "spin");
         int64_t called = now_ns();
-        if (memset_bytes)
+        if (memset_bytes && r == CUDA_SUCCESS)
             r = api.MemsetD8Async(buffer, 0, memset_bytes, NULL);
         if (r == CUDA_SUCCESS)
             r = launch_spin(API_KERNEL, ns, NULL, NULL);
-        slow += now_ns() - called >= 1000000;
+        int64_t returned = now_ns();
+        slow += returned - called >= 1000000;
+        next = late ? returned + every_ns : start + ++launches * every_ns;
+        launches += late;
     }
+    spin = first;
     CUresult synced = api.CtxSynchronize();
     if (r || synced)
         out("gaps %s\n", name(r ? r : synced));
@@ -1206,12 +1225,16 @@ static int step(char **cmd, int left)
         return 2;
     }
     if (!strcmp(c, "gaps")) {
-        gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3), 0);
+        gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3), 0, false);
+        return 4;
+    }
+    if (!strcmp(c, "gapslate")) {
+        gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3), 0, true);
         return 4;
     }
     if (!strcmp(c, "gapsmemset")) {
         gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3),
-             left > 4 ? strtoull(cmd[4], NULL, 10) : 0);
+             left > 4 ? strtoull(cmd[4], NULL, 10) : 0, false);
         return 5;
     }
     if (!strcmp(c, "records")) {

@@ -223,6 +223,28 @@ def test_a_memset_queued_before_each_launch_does_not_charge_the_idle_gap_before_
     assert 5 * US <= charged <= 2 * 7 * US, charged
 
 
+def test_a_kernel_whose_first_launch_ran_long_is_not_charged_that_long_again(
+    gpu: FakeGpu,
+) -> None:
+    # A driver that loads modules lazily loads a kernel's code in its first
+    # launch call, after the start event that times the launch: here that
+    # record spans 2 ms. The kernel first runs when the program has long
+    # launched on one stream, and it never queues (each launch comes 200 us
+    # after the last call returned), so no later record of it is a sample
+    # that could lower an estimate learned from that one. Charged 2 ms up
+    # front, a loop that uses 2.5% of the device would wait for the bucket.
+    limited(gpu, 30)
+    first_launch_ns = 2000 * US
+    lines = gpu.lines(*LOAD, "gapslate", str(5 * US), "200", "1500",
+                      VCUDA_FAKE_FIRST_LAUNCH_NS=str(first_launch_ns))
+    launches, slow = int(lines[-1][1]), int(lines[-1][2])
+    assert launches >= 0.8 * 1500 * 1000 // 200, launches
+    assert slow <= launches // 100, slow
+    # Each of the two kernels' first launches is charged its whole record.
+    charged = account_gpu_ns(gpu.account)[fake_uuid(0)]
+    assert charged <= launches * 1.5 * 5 * US + 2 * first_launch_ns, charged / launches
+
+
 @pytest.mark.parametrize(("every_us", "waited", "busy"), [(200, False, 2.5), (10, True, 30)])
 def test_launch_gaps_on_a_simulated_clock_are_never_charged(
     shim_build: None, every_us: int, waited: bool, busy: float
