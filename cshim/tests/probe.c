@@ -793,8 +793,8 @@ static void gaps(uint64_t ns, int64_t every_ns, int64_t ms, size_t memset_bytes,
             r = launch_spin(API_KERNEL, ns, NULL, NULL);
         int64_t returned = now_ns();
         slow += returned - called >= 1000000;
-        next = late ? returned + every_ns : start + ++launches * every_ns;
-        launches += late;
+        launches++;
+        next = late ? returned + every_ns : start + launches * every_ns;
     }
     spin = first;
     CUresult synced = api.CtxSynchronize();
