@@ -78,17 +78,17 @@ static void open_run_with(struct vc_launch *l, const struct kernel *k, uint64_t 
     thread_run.stream = stream;
 }
 
-/* Launch l of kernel k joins this thread's open run (lock held). */
-static void join_run(struct vc_launch *l, const struct kernel *k, int64_t now)
+/* Launch l of kernel k, whose estimate is estimate, joins this thread's open
+ * run (lock held). */
+static void join_run(struct vc_launch *l, const struct kernel *k, int64_t estimate, int64_t now)
 {
     struct record *r = &pacer.records[thread_run.seq % RECORDS];
     r->launches++;
     r->charged += l->charged;
-    int64_t estimate = pacer_estimate(k);
     r->cap += pacer_cap(k, RUN_OVER_PERCENT);
     r->estimated += estimate;
     r->mixed = r->mixed || k->key != r->key;
-    r->drained = (r->drained > now ? r->drained : now) + estimate;
+    r->drained = pacer_drains(r->drained, now, estimate);
     l->timed = true;
     l->record = thread_run.seq;
     l->ends = r->launches == RUN;
@@ -122,13 +122,13 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     thread_run.filled = 0;
     bool here = thread_run.launched == stream;
     bool behind = !waited && here && now > thread_run.drained;
-    thread_run.drained = (here && thread_run.drained > now ? thread_run.drained : now)
-                         + pacer_estimate(k);
+    int64_t estimate = pacer_estimate(k);
+    thread_run.drained = pacer_drains(here ? thread_run.drained : now, now, estimate);
     thread_run.launched = stream;
     pacer.tally.launches++;
     pacer.tally.up_front_ns += l->charged;
     if (pacer_joins_run(l, trusted, stream, now)) {
-        join_run(l, k, now);
+        join_run(l, k, estimate, now);
         pacer.tally.in_runs++;
         return false;
     }

@@ -164,6 +164,13 @@ void pacer_wait(int device);
 /* ns and percent more: the most a launch is charged over an estimate. */
 static inline int64_t pacer_over(int64_t ns, int64_t percent) { return ns + ns * percent / 100; }
 
+/* When work of ns queued at now on a stream is done there, behind what was
+ * queued before it and should be done at drained. */
+static inline int64_t pacer_drains(int64_t drained, int64_t now, int64_t ns)
+{
+    return (drained > now ? drained : now) + ns;
+}
+
 /* pacer_kernels.c (lock held) */
 struct kernel *pacer_kernel(uint64_t key);
 struct kernel *pacer_claim_kernel(uint64_t key, int device);

@@ -65,9 +65,8 @@ static void charge_record(struct record *r, const struct reading *m)
      * loaded in it), and a small kernel that never queues would never teach
      * a lower sample. */
     bool tells = k && !r->mixed && !r->late;
-    bool large = k && k->costs && k->cost >= SMALL_NS;
     int64_t each = (m->end - start) / launches;
-    if (tells && (queued || (large && each >= SMALL_NS)) && m->end > start)
+    if (tells && (queued || (k->cost >= SMALL_NS && each >= SMALL_NS)) && m->end > start)
         vc_estimate_add(&k->estimate, each, vc_clock_ns());
     if (tells)
         pacer_learn_cost(k, cost / launches);

@@ -230,9 +230,10 @@ def test_a_kernel_whose_first_launch_ran_long_is_not_charged_that_long_again(
     # launch call, after the start event that times the launch: here that
     # record spans 2 ms. The kernel first runs when the program has long
     # launched on one stream, and it never queues (each launch comes 200 us
-    # after the last call returned), so no later record of it is a sample
-    # that could lower an estimate learned from that one. Charged 2 ms up
-    # front, a loop that uses 2.5% of the device would wait for the bucket.
+    # after the last call returned), so no later record of it need be a
+    # sample that lowers an estimate learned from that one (on a GPU some
+    # decoding kernels never had one). Charged 2 ms up front, a loop that
+    # uses 2.5% of the device would wait for the bucket.
     limited(gpu, 30)
     first_launch_ns = 2000 * US
     lines = gpu.lines(*LOAD, "gapslate", str(5 * US), "200", "1500",
