@@ -154,6 +154,7 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
     l->guessed = k->costs < TRUSTED;
     l->charged = pacer_up_front(k);
     bool opened = pacer_plan_timing(l, k, waits, vc_clock_ns());
+    pacer.tally.up_front_ns += l->charged;
     pthread_mutex_unlock(&pacer.lock);
     pacer_charge(l->device, l->charged);
     struct record *timed = opened ? &pacer.records[l->record % RECORDS] : NULL;
@@ -162,8 +163,7 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
         timed = NULL;
         l->timed = false;
     }
-    if (timed)
-        timed->launching = vc_clock_ns();
+    l->opened = timed;
     return true;
 }
 
@@ -177,6 +177,10 @@ CUresult vc_pacer_end(struct vc_launch *l, CUresult result)
         }
         return result;
     }
+    /* The launch call's return bounds when its kernel reached the device:
+     * the call's own time before that, after the start event, is the host's. */
+    if (l->opened)
+        pacer.records[l->record % RECORDS].submitted = vc_clock_ns();
     if (l->timed && l->ends) {
         if (pacer.records[l->record % RECORDS].launches)
             thread_run.filled = pacer_stream_key(l->stream, l->ptsz);

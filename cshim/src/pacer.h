@@ -28,6 +28,7 @@ struct vc_launch {
     bool guessed;         /* charged a guess: the kernel's cost was not trusted yet */
     bool timed;
     bool ends;            /* timed, and its record's end event goes right behind it */
+    bool opened;          /* timed by a record it took, not by a run it joined */
     uint32_t record;      /* its timing record (or run), when timed */
     int device;           /* in the account */
     uint64_t key;

@@ -95,21 +95,22 @@ static void join_run(struct vc_launch *l, const struct kernel *k, int64_t estima
 }
 
 /* Whether launch l of kernel k is timed, and how; true when it takes a new
- * record. A launch is timed by an event right behind it and, to know when
- * its kernel started, one right before it. But an event between two kernels
- * of a stream costs the device a moment (about 2 us on an H200, a sixth of a
- * 12 us kernel), and a launch timed alone is charged that moment too. So a
- * small kernel goes without the event before it (its start is when the
- * launch before it on its stream ended, or its launch call if later); and in
- * a process that launches on one stream, a small kernel whose cost is known
- * opens a run that the launches right after it join (any kernel whose cost
- * is known), up to RUN, timed by one pair of events. A run's start event
- * matters: the device may be running another process's time slice when it
- * begins, and its kernels start only after that. One right behind a full run
- * has none: the full run's end event is its start. A thread that launches
- * slower than its kernels run opens no runs (below). Kernels on several
- * streams are all timed, to be on the timeline and count once where they
- * overlap. */
+ * record. It sets l->charged for a launch it leaves untimed by choice. A
+ * launch is timed by an event right behind it and, to know when its kernel
+ * started, one right before it. But an event between two kernels of a stream
+ * costs the device a moment (about 2 us on an H200, a sixth of a 12 us
+ * kernel), and a launch timed alone is charged that moment too. So a small
+ * kernel goes without the event before it (its start is when the launch
+ * before it on its stream ended, or its launch call's return if later); and
+ * in a process that launches on one stream, a small kernel whose cost is
+ * known opens a run that the launches right after it join (any kernel whose
+ * cost is known), up to RUN, timed by one pair of events. A run's start
+ * event matters: the device may be running another process's time slice
+ * when it begins, and its kernels start only after that. One right behind a
+ * full run has none: the full run's end event is its start. A thread that
+ * launches slower than its kernels run opens no runs, and times only a
+ * sample of its launches (below). Kernels on several streams are all timed,
+ * to be on the timeline and count once where they overlap. */
 bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64_t now)
 {
     uint64_t stream = pacer_stream_key(l->stream, l->ptsz);
@@ -126,7 +127,6 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     thread_run.drained = pacer_drains(here ? thread_run.drained : now, now, estimate);
     thread_run.launched = stream;
     pacer.tally.launches++;
-    pacer.tally.up_front_ns += l->charged;
     if (pacer_joins_run(l, trusted, stream, now)) {
         join_run(l, k, estimate, now);
         pacer.tally.in_runs++;
@@ -141,7 +141,18 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
      * memsets on the stream (unseen here), and an end event behind them would
      * time the idle gap before them too. */
     bool opens = runs && !behind;
-    l->timed = take_record(l, k, !small || (runs && !follows), now);
+    /* Nor does it need each launch timed: it times one launch in SAMPLE of
+     * a kernel, and the others are charged what its timed launches were
+     * lately (its estimate, the floor of its samples, would undercharge a
+     * kernel whose time varies a little). A timed launch costs its thread
+     * two driver calls and its device a moment an event, paid in a
+     * launch-bound program's speed. */
+    bool passes = runs && behind && ++k->passed < SAMPLE;
+    if (passes)
+        l->charged = k->cost;
+    else
+        k->passed = 0;
+    l->timed = !passes && take_record(l, k, !small || (runs && !follows), now);
     l->ends = !opens;
     pacer.tally.untimed += !l->timed;
     pacer.tally.in_runs += l->timed && opens;

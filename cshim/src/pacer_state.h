@@ -37,6 +37,7 @@
 #define SMALL_NS 200000         /* a kernel shorter than this is timed in runs */
 #define ONE_STREAM 64           /* ... when the process's last launches all went to one stream */
 #define RUN 32                  /* the most launches a run times with one pair of events */
+#define SAMPLE 8                /* a thread behind its device times one launch in this many */
 #define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
 #define RUN_STALE_NS 20000000   /* a run this long past its projected end is given up */
 #define OVER_PERCENT 25         /* a launch is charged at most this much over its estimate */
@@ -83,6 +84,7 @@ struct kernel {
     uint32_t untimed_guesses;   /* launches charged a guess and not timed: corrected */
     int64_t untimed_guess_ns;   /* once the cost is trusted */
     uint32_t costs;             /* timed launches charged */
+    uint32_t passed;            /* launches in a row left untimed by a thread behind its device */
     int64_t cost;               /* what they were charged, lately (a moving average) */
     struct vc_estimate estimate;
 };
@@ -100,7 +102,7 @@ struct record {
     int device;
     int64_t generation;         /* the reference it is placed against; -1: none */
     int64_t charged;            /* what its launches were charged up front */
-    int64_t launching;          /* vc_clock_ns() when the (first) launch call began */
+    int64_t submitted;          /* vc_clock_ns() when the (first) launch call returned */
     int64_t cap;                /* the most it is charged: a little over the estimates */
     uint32_t seq;               /* its number: a run's owner knows it by it */
     uint32_t launches;          /* it times; 0: a single launch, not a run */

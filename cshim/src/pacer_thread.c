@@ -11,19 +11,21 @@
 #include "setup.h"
 
 /* What the thread read of one record, outside the lock: where on the
- * context's timeline its launch call began, its start event (if any) and
- * its end event completed. */
+ * context's timeline its (first) launch call returned, its start event (if
+ * any) and its end event completed. */
 struct reading {
     bool complete, placed;
-    int64_t launching, start, end;
+    int64_t submitted, start, end;
 };
 
 /* Guarded by lock, which is never held across a driver call. */
 
 /* Charges what record r (a launch or a run) really cost. Its kernels started
  * when its start event completed, or else the launch before it on its stream
- * ended, or when its (first) launch call began if that was later: its time
- * is from then to its end event. It is charged the busy time it added to its
+ * ended, or when its (first) launch call returned if that was later (a call
+ * spends some us before its kernel reaches the device, after the start
+ * event: on an idle stream that time is the host's): its time is from then
+ * to its end event. It is charged the busy time it added to its
  * context (the union over its streams), at most its cap (a little over the
  * estimates of steady kernels): what exceeds that ran while another process
  * had the device. */
@@ -32,7 +34,7 @@ static void charge_record(struct record *r, const struct reading *m)
     struct vc_pacer_context *c = r->context;
     struct kernel *k = pacer_kernel(r->key);
     struct lane *lane = &c->lanes[r->stream % LANES];
-    int64_t start = m->launching;
+    int64_t start = m->submitted;
     if (m->start > start)
         start = m->start;
     else if (m->start < 0 && lane->stream == r->stream && lane->end > start)
@@ -42,7 +44,7 @@ static void charge_record(struct record *r, const struct reading *m)
      * idle, and its start event (or its launch call) came some us before its
      * kernel did. */
     bool queued = !r->one_stream || (lane->stream == r->stream
-                  && (m->start >= 0 ? m->start : m->launching) <= lane->end + QUEUED_NS);
+                  && (m->start >= 0 ? m->start : m->submitted) <= lane->end + QUEUED_NS);
     *lane = (struct lane){.stream = r->stream, .end = m->end};
     int64_t from = start > c->covered ? start : c->covered;
     int64_t cost = m->end > from ? m->end - from : 0;
@@ -163,7 +165,7 @@ static int64_t since(CUevent ref, CUevent event)
  * once complete; its reference maps the clock onto the timeline. */
 static void read_record(const struct record *r, struct reading *m, CUcontext *current)
 {
-    *m = (struct reading){.launching = -1, .start = -1, .end = -1};
+    *m = (struct reading){.submitted = -1, .start = -1, .end = -1};
     struct vc_pacer_context *c = r->context;
     if (!set_current(c->ctx, current))
         return;
@@ -178,7 +180,7 @@ static void read_record(const struct record *r, struct reading *m, CUcontext *cu
     int64_t end = since(ref->event, r->end), start = r->start ? since(ref->event, r->start) : -1;
     if (end >= 0 && (!r->start || start >= 0)) {
         m->placed = true;
-        m->launching = ref->offset + (r->launching - ref->recorded);
+        m->submitted = ref->offset + (r->submitted - ref->recorded);
         m->start = r->start ? ref->offset + start : -1;
         m->end = ref->offset + end;
     }
