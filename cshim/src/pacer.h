@@ -3,14 +3,15 @@
  * time. Each paced launch waits while the device's bucket in the account is
  * in debt, then charges it the estimated GPU time of its kernel (estimate.h;
  * a kernel is known by its function and shape, a graph by its executable
- * graph). Each launch is also timed by the shim's own events recorded around
- * it, or, for small kernels on one stream, around a run of launches in a
- * row, and a thread of the process reads them as they complete and charges
- * the difference: the time the launches added to the context's busy time on
- * the device (the union over its streams), never much more than the
- * kernels' estimates, so that another process's time slice or an idle
- * device's start-up is not charged. Nothing is paced or recorded in a
- * capturing stream.
+ * graph). Launches are also timed by the shim's own events: around each
+ * launch, or, for small kernels on one stream, around a run of launches in
+ * a row, or, from a thread that launches slower than its kernels run, around
+ * one launch in eight. A thread of the process reads the events as they
+ * complete and charges the difference: the time the launches added to the
+ * context's busy time on the device (the union over its streams), never much
+ * more than the kernels' estimates, so that another process's time slice or
+ * an idle device's start-up is not charged. Nothing is paced or recorded in
+ * a capturing stream.
  */
 #ifndef VC_PACER_H
 #define VC_PACER_H

@@ -3,7 +3,7 @@
  * interface): its limits, the structures it keeps and the one hidden state
  * they live in, guarded by pacer.lock. The pacer is split by concern:
  *
- *   c          the entry points: launches, contexts that go, fork;
+ *   pacer.c          the entry points: launches, contexts that go, fork;
  *   pacer_charge.c   the bucket: charging GPU time, waiting for it;
  *   pacer_kernels.c  each kernel's cost, learned from its timed launches;
  *   pacer_records.c  timing records: one launch, or a run of launches;
