@@ -41,8 +41,7 @@ static void charge_record(struct record *r, const struct reading *m)
         start = lane->end;
     /* In a process launching on one stream: its first kernel queued behind
      * the stream's last one, and began as that one ended; else the stream was
-     * idle, and its start event (or its launch call) came some us before its
-     * kernel did. */
+     * idle, and its start event came some us before its kernel did. */
     bool queued = !r->one_stream || (lane->stream == r->stream
                   && (m->start >= 0 ? m->start : m->submitted) <= lane->end + QUEUED_NS);
     *lane = (struct lane){.stream = r->stream, .end = m->end};

@@ -47,6 +47,19 @@ def limited(gpu: FakeGpu, cores: int) -> FakeGpu:
     return gpu
 
 
+def pacing_tally(log: str) -> tuple[int, int, int, int, int, float, float]:
+    """The pacer's tally at exit: launches paced, timed alone, in runs,
+    untimed; launches that waited, seconds waited, seconds charged up front."""
+    found = re.search(
+        r"paced (\d+) launches \((\d+) timed alone, (\d+) in runs, (\d+) untimed\); "
+        r"(\d+) waited for the bucket, ([\d.]+) s in all; charged ([\d.]+) s up front",
+        log)
+    assert found, log
+    paced, alone, in_runs, untimed, waits = map(int, found.groups()[:5])
+    waited, up_front = map(float, found.groups()[5:])
+    return paced, alone, in_runs, untimed, waits, waited, up_front
+
+
 def concurrently(*runs: tuple[FakeGpu, tuple[str, ...]]) -> list[list[list[str]]]:
     """Runs probes at once (each with its GPU's limits); their outputs, split."""
     processes = [
@@ -203,6 +216,8 @@ def test_a_thread_behind_its_device_times_one_launch_in_eight(gpu: FakeGpu) -> N
     launches = int(result.stdout.splitlines()[-1].split()[1])
     paced, alone, in_runs, untimed, *_ = pacing_tally(result.stderr)
     assert paced == launches == alone + in_runs + untimed
+    # Besides, the kernel's first launches (timed until its cost is known)
+    # and a few that a loaded machine left less behind.
     assert launches / 8 <= alone + in_runs <= launches / 8 + 100, (alone, in_runs)
     charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
     assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
@@ -334,19 +349,6 @@ def test_the_account_shows_the_gpu_time_charged_and_the_log_the_share(gpu: FakeG
     charged = account_gpu_ns(gpu.account)[fake_uuid(0)]
     assert abs(charged - launches * MS) <= 0.05 * launches * MS
     assert "of the device's time charged to the container" in result.stderr
-
-
-def pacing_tally(log: str) -> tuple[int, int, int, int, int, float, float]:
-    """The pacer's tally at exit: launches paced, timed alone, in runs,
-    untimed; launches that waited, seconds waited, seconds charged up front."""
-    found = re.search(
-        r"paced (\d+) launches \((\d+) timed alone, (\d+) in runs, (\d+) untimed\); "
-        r"(\d+) waited for the bucket, ([\d.]+) s in all; charged ([\d.]+) s up front",
-        log)
-    assert found, log
-    paced, alone, in_runs, untimed, waits = map(int, found.groups()[:5])
-    waited, up_front = map(float, found.groups()[5:])
-    return paced, alone, in_runs, untimed, waits, waited, up_front
 
 
 def test_at_exit_the_log_tells_how_the_launches_were_timed_waited_and_charged(
