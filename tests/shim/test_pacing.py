@@ -216,9 +216,11 @@ def test_a_thread_behind_its_device_times_one_launch_in_eight(gpu: FakeGpu) -> N
     launches = int(result.stdout.splitlines()[-1].split()[1])
     paced, alone, in_runs, untimed, *_ = pacing_tally(result.stderr)
     assert paced == launches == alone + in_runs + untimed
-    # Besides, the kernel's first launches (timed until its cost is known)
-    # and a few that a loaded machine left less behind.
-    assert launches / 8 <= alone + in_runs <= launches / 8 + 100, (alone, in_runs)
+    # Seven launches untimed for each one timed alone (or more: one that finds
+    # no free event goes untimed too). A loaded machine deschedules the loop
+    # now and then, and the launches it then makes in a row queue: those go
+    # in runs.
+    assert alone > 0 and untimed >= 6 * alone, (alone, in_runs, untimed)
     charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
     assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
 
