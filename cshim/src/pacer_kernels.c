@@ -35,9 +35,8 @@ struct kernel *pacer_claim_kernel(uint64_t key, int device)
  * time. */
 int64_t pacer_estimate(const struct kernel *k)
 {
-    if (!k->estimate.count)
-        return k->cost;
-    return k->costs && k->cost < k->estimate.ns ? k->cost : k->estimate.ns;
+    /* A record that gives a sample also teaches the cost: no sample, no lower figure. */
+    return k->estimate.count && k->estimate.ns < k->cost ? k->estimate.ns : k->cost;
 }
 
 /* What a launch of kernel k is charged before it is timed. */

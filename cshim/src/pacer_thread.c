@@ -58,10 +58,12 @@ static void charge_record(struct record *r, const struct reading *m)
     cost = cost < cap ? cost : cap;
     /* A run of several kernels, or a late one, tells no one kernel's time:
      * it only corrects the bucket; nor does a small kernel's record that
-     * found its stream idle, whose few us before the kernel would be much of
-     * it. A large kernel's is a sample (a kernel paced one launch at a time
-     * never queues): its floor leaves out what another process ran. Large as
-     * its launches so far were charged, not as this record took: a small
+     * found its stream idle, whose end event's moment and the device's
+     * start-up would be much of it (taught as samples on an H100, they made
+     * elementwise loops and two processes miss their shares). A large
+     * kernel's is a sample (a kernel paced one launch at a time never
+     * queues): its floor leaves out what another process ran. Large as its
+     * launches so far were charged, not as this record took: a small
      * kernel's first launch can take long (a lazily loaded kernel's code is
      * loaded in it), and a small kernel that never queues would never teach
      * a lower sample. */
