@@ -14,7 +14,8 @@
  * its time slices, not while another process's kernel runs; its time is
  * that moment. One recorded behind work still to run holds the device for a
  * moment, as on a real GPU (about 2 us on an H200; VCUDA_FAKE_EVENT_NS sets
- * it).
+ * it). Work reaches the device some us after the call that queued it
+ * (VCUDA_FAKE_SUBMIT_NS), as a driver's submission does.
  *
  * Capture follows the driver: a launch or graph launch into a capturing
  * stream adds a node instead of running; an event recorded into it marks
@@ -329,10 +330,28 @@ static struct fake_timeline *timeline_locked(void)
 
 static void timeline_unlock(struct fake_timeline *t) { __atomic_store_n(&t->lock, 0, __ATOMIC_RELEASE); }
 
+/* A duration the tests may set in the environment, in ns. */
+static int64_t ns_from_env(const char *name, int64_t otherwise)
+{
+    const char *set = getenv(name);
+    return set ? strtoll(set, NULL, 10) : otherwise;
+}
+
+/* When work queued now reaches the device: a driver's submission takes some
+ * us after the call that queued it returns, for kernels and events alike
+ * (VCUDA_FAKE_SUBMIT_NS, default 0). */
+static int64_t reaches_device(void)
+{
+    static int64_t latency = -1;
+    if (latency < 0)
+        latency = ns_from_env("VCUDA_FAKE_SUBMIT_NS", 0);
+    return now_ns() + latency;
+}
+
 /* Runs ns of work on s: once s and the device are both free. */
 static void run(struct stream *s, int64_t ns)
 {
-    int64_t start = ready_at(s), now = now_ns();
+    int64_t start = ready_at(s), now = reaches_device();
     struct fake_timeline *t = timeline_locked();
     int64_t begin = start > now ? start : now;
     begin = t->busy_until > begin ? t->busy_until : begin;
@@ -358,7 +377,7 @@ static void hold(struct stream *s, int64_t ns)
 /* When an event recorded now on s completes: after s's work, outside other processes' kernels. */
 static int64_t event_at(const struct stream *s)
 {
-    int64_t at = ready_at(s), now = now_ns();
+    int64_t at = ready_at(s), now = reaches_device();
     at = at > now ? at : now;
     pid_t self = getpid();   /* a system call: once, not once a kernel */
     struct fake_timeline *t = timeline_locked();
@@ -369,13 +388,6 @@ static int64_t event_at(const struct stream *s)
     }
     timeline_unlock(t);
     return at;
-}
-
-/* A duration the tests may set in the environment, in ns. */
-static int64_t ns_from_env(const char *name, int64_t otherwise)
-{
-    const char *set = getenv(name);
-    return set ? strtoll(set, NULL, 10) : otherwise;
 }
 
 /* What an event between two kernels costs the device. */

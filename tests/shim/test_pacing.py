@@ -185,23 +185,25 @@ def test_small_kernels_timed_in_runs_are_charged_their_own_time_not_the_events(
     assert abs(got - 30) <= BAND, got
 
 
-@pytest.mark.parametrize("launch_us", [0, 40])
+@pytest.mark.parametrize("launch_us,submit_us", [(0, 0), (40, 0), (40, 20)])
 def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
-    gpu: FakeGpu, launch_us: int
+    gpu: FakeGpu, launch_us: int, submit_us: int
 ) -> None:
     # 5 us of kernel every 200 us is 2.5% of the device: the idle time between
-    # launches, and the host's time in each launch call before its kernel
-    # reaches the device (launch_us, as a driver spends it), are never charged.
+    # launches, the host's time in each launch call before its kernel reaches
+    # the device (launch_us, as a driver spends it), and the time the kernel
+    # takes to get there once the call returned (submit_us) are never charged.
     limited(gpu, 30)
     lines = gpu.lines(*LOAD, "gaps", str(5 * US), "200", "1500",
-                      VCUDA_FAKE_LAUNCH_NS=str(launch_us * US))
+                      VCUDA_FAKE_LAUNCH_NS=str(launch_us * US),
+                      VCUDA_FAKE_SUBMIT_NS=str(submit_us * US))
     launches, slow = int(lines[-1][1]), int(lines[-1][2])
     assert launches == 1500 * 1000 // 200
     # Paced, nearly every launch would wait for the bucket; a loaded machine
     # deschedules a few.
     assert slow <= launches // 100, slow
-    # Charged about its kernel's time: far from the 45 us of kernel and launch
-    # call, or the 200 us from one launch to the next.
+    # Charged about its kernel's time: far from the 45-65 us of kernel, launch
+    # call and way to the device, or the 200 us from one launch to the next.
     charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
     assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
 
