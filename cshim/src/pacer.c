@@ -178,17 +178,9 @@ CUresult vc_pacer_end(struct vc_launch *l, CUresult result)
         return result;
     }
     /* The launch call's return bounds when its kernel reached the device:
-     * the call's own time before that, after the start event, is the host's.
-     * So does an event recorded now on an idle stream of the context, more
-     * closely: the clock is mapped onto the device's timeline only to within
-     * the time its reference took to be seen complete (10-20 us on an H100). */
-    if (l->opened) {
-        struct record *r = &pacer.records[l->record % RECORDS];
-        r->submitted = vc_clock_ns();
-        r->arrived = r->arrival
-                     && vc_real_cuEventRecord(r->arrival, l->context->arrivals) == CUDA_SUCCESS;
-        r->arrival_call = vc_clock_ns() - r->submitted;
-    }
+     * the call's own time before that, after the start event, is the host's. */
+    if (l->opened)
+        pacer.records[l->record % RECORDS].submitted = vc_clock_ns();
     if (l->timed && l->ends) {
         if (pacer.records[l->record % RECORDS].launches)
             thread_run.filled = pacer_stream_key(l->stream, l->ptsz);

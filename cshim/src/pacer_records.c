@@ -13,28 +13,22 @@ uint64_t pacer_stream_key(CUstream stream, bool ptsz)
     return !stream || stream == CU_STREAM_LEGACY ? 1 : (uintptr_t)stream;
 }
 
-/* Takes a record with the context's events for launch l of kernel k: its
- * end event, a start event if with_start, and if alone (timed alone, not in
- * a run) an arrival event, once the context has its own stream. False if
- * there are not enough. A run's arrival would be a small part of its time. */
-static bool take_record(struct vc_launch *l, const struct kernel *k, bool with_start, bool alone,
-                        int64_t now)
+/* Takes a record with the context's events for launch l of kernel k (two
+ * with_start, else one); false if there are not enough. */
+static bool take_record(struct vc_launch *l, const struct kernel *k, bool with_start, int64_t now)
 {
     struct vc_pacer_context *c = l->context;
-    CUstream arrivals = alone ? c->arrivals : NULL;
     if (c->nfree < EVENTS_LOW)
         pthread_cond_signal(&pacer.wake);
-    if (c->nfree < 1u + with_start + !!arrivals || pacer.tail - pacer.head == RECORDS)
+    if (c->nfree < 1u + with_start || pacer.tail - pacer.head == RECORDS)
         return false;
     l->record = pacer.tail++;
     /* A reference older than a rebase or two places launches imprecisely. */
     bool placed = c->published >= 0 && now - c->published_at < 3 * REBASE_NS;
     CUevent start = with_start ? c->free[--c->nfree] : NULL;
-    CUevent arrival = arrivals ? c->free[--c->nfree] : NULL;
     pacer.records[l->record % RECORDS] = (struct record){
         .context = c,
         .start = start,
-        .arrival = arrival,
         .end = c->free[--c->nfree],
         .stream = pacer_stream_key(l->stream, l->ptsz),
         .key = l->key,
@@ -158,7 +152,7 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
         l->charged = k->cost;
     else
         k->passed = 0;
-    l->timed = !passes && take_record(l, k, !small || (runs && !follows), !opens, now);
+    l->timed = !passes && take_record(l, k, !small || (runs && !follows), now);
     l->ends = !opens;
     pacer.tally.untimed += !l->timed;
     pacer.tally.in_runs += l->timed && opens;

@@ -67,7 +67,6 @@ struct vc_pacer_context {
     unsigned created, nfree;
     int64_t published;          /* the newest complete reference; -1: none yet */
     int64_t published_at;       /* when it was recorded */
-    CUstream arrivals;          /* own, once the thread made it: launches record arrivals there */
     /* The thread's own, touched without the lock while it reads: */
     CUstream own;               /* a non-blocking stream for the references */
     bool broken;                /* no stream or references: no timeline */
@@ -98,10 +97,6 @@ struct record {
     struct vc_pacer_context *context;   /* NULL: its context is gone */
     CUevent start;              /* NULL, or recorded right before the (first) launch */
     CUevent end;                /* recorded right after the (last) launch */
-    CUevent arrival;            /* NULL, or recorded on the context's own stream once the
-                                 * (first) launch call returned: the device runs it at once */
-    bool arrived;               /* arrival was recorded */
-    int64_t arrival_call;       /* ns its record call took */
     uint64_t stream;            /* pacer_stream_key() of its stream */
     uint64_t key;
     int device;

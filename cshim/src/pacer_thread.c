@@ -11,11 +11,11 @@
 #include "setup.h"
 
 /* What the thread read of one record, outside the lock: where on the
- * context's timeline its (first) launch call returned, its arrival and start
- * events (if any) and its end event completed. */
+ * context's timeline its (first) launch call returned, its start event (if
+ * any) and its end event completed. */
 struct reading {
     bool complete, placed;
-    int64_t submitted, arrival, start, end;
+    int64_t submitted, start, end;
 };
 
 /* Guarded by lock, which is never held across a driver call. */
@@ -25,15 +25,10 @@ struct reading {
  * ended, or when its (first) launch call returned if that was later (a call
  * spends some us before its kernel reaches the device, after the start
  * event: on an idle stream that time is the host's): its time is from then
- * to its end event. It is charged from its arrival if that was later: when
- * its arrival event ran, less the time that event's record call took. The
- * kernel was queued before that call began, and got to the device no later
- * than the event did: its way there is not the device's time either. The
- * bound is close enough to charge from, not to be a sample, whose floor
- * would fall below the kernel's time. It is
- * charged the busy time it added to its context (the union over its
- * streams), at most its cap (a little over the estimates of steady kernels):
- * what exceeds that ran while another process had the device. */
+ * to its end event. It is charged the busy time it added to its
+ * context (the union over its streams), at most its cap (a little over the
+ * estimates of steady kernels): what exceeds that ran while another process
+ * had the device. */
 static void charge_record(struct record *r, const struct reading *m)
 {
     struct vc_pacer_context *c = r->context;
@@ -50,8 +45,7 @@ static void charge_record(struct record *r, const struct reading *m)
     bool queued = !r->one_stream || (lane->stream == r->stream
                   && (m->start >= 0 ? m->start : m->submitted) <= lane->end + QUEUED_NS);
     *lane = (struct lane){.stream = r->stream, .end = m->end};
-    int64_t begun = m->arrival > start ? m->arrival : start;
-    int64_t from = begun > c->covered ? begun : c->covered;
+    int64_t from = start > c->covered ? start : c->covered;
     int64_t cost = m->end > from ? m->end - from : 0;
     int64_t launches = r->launches ? r->launches : 1;
     if (m->end > c->covered)
@@ -172,7 +166,7 @@ static int64_t since(CUevent ref, CUevent event)
  * once complete; its reference maps the clock onto the timeline. */
 static void read_record(const struct record *r, struct reading *m, CUcontext *current)
 {
-    *m = (struct reading){.submitted = -1, .arrival = -1, .start = -1, .end = -1};
+    *m = (struct reading){.submitted = -1, .start = -1, .end = -1};
     struct vc_pacer_context *c = r->context;
     if (!set_current(c->ctx, current))
         return;
@@ -189,8 +183,6 @@ static void read_record(const struct record *r, struct reading *m, CUcontext *cu
         m->placed = true;
         m->submitted = ref->offset + (r->submitted - ref->recorded);
         m->start = r->start ? ref->offset + start : -1;
-        int64_t arrival = r->arrived ? since(ref->event, r->arrival) : -1;
-        m->arrival = arrival >= 0 ? ref->offset + arrival - r->arrival_call : -1;
         m->end = ref->offset + end;
     }
 }
@@ -283,7 +275,6 @@ static void read_round(CUcontext *current)
     pacer.reading = false;
     pthread_cond_broadcast(&pacer.idle);
     if (needy) {
-        needy->arrivals = needy->broken ? NULL : needy->own;
         /* A context that gives no more events is not asked again. */
         needy->created = nmade ? needy->created + nmade : EVENTS;
         for (unsigned i = 0; i < nmade; i++)
@@ -302,8 +293,6 @@ static void read_round(CUcontext *current)
             r->context->free[r->context->nfree++] = r->end;
             if (r->start)
                 r->context->free[r->context->nfree++] = r->start;
-            if (r->arrival)
-                r->context->free[r->context->nfree++] = r->arrival;
         }
     }
     pacer.head = first + done;
