@@ -191,7 +191,7 @@ def test_small_kernels_timed_in_runs_are_charged_their_own_time_not_the_events(
     pytest.param(40, 20, marks=pytest.mark.xfail(strict=True, reason=(
         "#17: the kernel's way to the device after its launch call returns is charged as "
         "device time; charging from an arrival event fixed this, but put an elementwise "
-        "loop 6-11 points over its share on an H100 (docs/BENCHMARKS.md)"))),
+        "loop 7-11 points over its share of 60 on an H100 (docs/BENCHMARKS.md)"))),
 ])
 def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
     gpu: FakeGpu, launch_us: int, submit_us: int
