@@ -1,5 +1,6 @@
-"""The scripts refuse a duration or a rate that is not a finite number above its bound, with one
-line naming the flag, before they build, start or measure anything."""
+"""The scripts refuse a duration or a rate that is not a finite number above its bound, and a
+count of runs that is not a whole number of at least one, with one line naming the flag, before
+they build, start or measure anything."""
 
 from __future__ import annotations
 
@@ -34,4 +35,14 @@ def test_a_number_flag_of_a_script_refuses_nan_inf_and_negatives(
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2, result.stderr
     assert f"argument {flag}: {value!r} is not a number" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "1.5", "many"])
+@pytest.mark.parametrize("flag", ["--pairs", "--rounds"])
+def test_a_count_of_runs_is_a_whole_number_of_at_least_one(flag: str, value: str) -> None:
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench-workloads"), flag,
+                             value], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert f"argument {flag}: {value!r} is not a whole number, at least 1" in result.stderr
     assert result.stdout == ""
