@@ -27,8 +27,10 @@ struct vc_context_op {
     bool primary;
     bool creates;                     /* a new context comes into being (and is charged) */
     bool locked;                      /* holds the account's context lock */
+    bool known;                       /* this process measured a context on the device before */
     bool measured;                    /* before holds NVML's used bytes */
-    uint64_t charged;                 /* charged up front: the last size measured, else ESTIMATE */
+    uint64_t held;                    /* the container's bytes on the device then */
+    uint64_t charged;                 /* charged up front: the size measured, else ESTIMATE */
     uint64_t before;
     int cancel;
 };
@@ -94,7 +96,8 @@ static CUresult begin(struct vc_context_op *op, CUdevice dev, bool primary)
     op->creates = !primary || (p->refs == 0 && !p->creating);
     if (primary && op->creates)
         p->creating = true;
-    op->charged = measured_size[dev] ? measured_size[dev] : ESTIMATE;
+    op->known = measured_size[dev] != 0;
+    op->charged = op->known ? measured_size[dev] : ESTIMATE;
     pthread_mutex_unlock(&vc_local_lock);
     if (!op->creates)
         return CUDA_SUCCESS;
@@ -106,20 +109,33 @@ static CUresult begin(struct vc_context_op *op, CUdevice dev, bool primary)
         finish(op);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    op->measured = op->locked && device_used(op->device->uuid, &op->before);
+    if (op->known || !op->locked)
+        return CUDA_SUCCESS;
+    op->held = vc_account_used(op->device->index);
+    op->measured = device_used(op->device->uuid, &op->before);
     return CUDA_SUCCESS;
 }
 
-/* What the new context takes: NVML's figure if plausible, else the last one
- * measured in this process, else an estimate. */
-static uint64_t context_size(struct vc_context_op *op)
+/* NVML's figure for the new context; 0 when it was not measured (this
+ * process measured one on the device before) or is not plausible. A
+ * context's size on a device does not change within a process, and every
+ * measurement is exposed to the container's other processes, which allocate
+ * and free while it is made (only contexts are made one at a time): memory
+ * freed meanwhile would make the context look smaller, and the container
+ * could hold that much past its limit. So a process measures its first
+ * context on a device (a forked child keeps its parent's figure), and a
+ * measurement is not trusted when the container's memory changed meanwhile. */
+static uint64_t measured_bytes(struct vc_context_op *op)
 {
     uint64_t after;
+    if (op->known)
+        return 0;
     if (!op->measured || !device_used(op->device->uuid, &after) || after <= op->before
-        || after - op->before > MEASURE_MAX) {
+        || after - op->before > MEASURE_MAX
+        || vc_account_used(op->device->index) != op->held) {
         vc_log(VC_LOG_INFO, "context size on %s not measurable: %llu bytes charged",
                op->device->uuid, (unsigned long long)op->charged);
-        return op->charged;
+        return 0;
     }
     vc_log(VC_LOG_INFO, "a context on %s takes %llu bytes", op->device->uuid,
            (unsigned long long)(after - op->before));
@@ -140,7 +156,8 @@ static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context
         pthread_mutex_unlock(&vc_local_lock);
         return result;
     }
-    uint64_t size = ok ? context_size(op) : 0;
+    uint64_t measured = ok ? measured_bytes(op) : 0;
+    uint64_t size = measured ? measured : op->charged;
     int index = op->device->index;
     if (ok && size > op->charged && !vc_account_reserve(index, size - op->charged,
                                                         op->device->limit)) {
@@ -159,8 +176,8 @@ static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context
         vc_account_add(index, -(int64_t)op->charged);
     finish(op);
     pthread_mutex_lock(&vc_local_lock);
-    if (ok)
-        measured_size[op->ordinal] = size;
+    if (ok && measured)
+        measured_size[op->ordinal] = measured;
     if (ok && op->primary) {
         struct primary *p = &primaries[op->ordinal];
         *p = (struct primary){p->refs + 1, false, context, size};

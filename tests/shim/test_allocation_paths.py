@@ -233,6 +233,25 @@ def test_a_context_larger_than_its_estimate_that_does_not_fit_is_destroyed(gpu: 
     assert int(outside[1][6]) == 100 * MIB
 
 
+def test_a_context_made_while_the_container_allocates_and_frees_is_charged_its_own_size(
+    gpu: FakeGpu,
+) -> None:
+    # A context is measured by the device's used memory before and after it is
+    # made: what another process of the container allocates or frees meanwhile
+    # would count in or out of it. Freed, the context would look smaller, and
+    # the container could hold that much past its limit. Here the parent
+    # allocates and frees 64 MiB in a loop while its child makes 11 contexts.
+    gpu.limit(4 * GIB)
+    made = ";".join(["ctxnew 0"] * 10)
+    lines = gpu.lines("init", "ctx", "0", "hammer", "64M", "fork", f"init;ctx 0;{made};info",
+                      "hammer", "0")
+    child = [line[1:] for line in lines if line[0] == "child"]
+    assert [line[1] for line in child if line[0] == "ctxnew"] == ["CUDA_SUCCESS"] * 10
+    # Twelve contexts in all, and the parent's 64 MiB if it held them then.
+    free = info(child)[0]
+    assert 4 * GIB - 12 * CONTEXT - 64 * MIB <= free <= 4 * GIB - 12 * CONTEXT, free
+
+
 def test_a_driver_failure_gives_the_charge_back(shim_build: None, tmp_path) -> None:
     small = FakeGpu(tmp_path, gpus_mib=(2048,))
     small.limit(4 * GIB)
