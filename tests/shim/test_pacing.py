@@ -211,8 +211,12 @@ def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
     assert slow <= launches // 100, slow
     # Charged about its kernel's time: far from the 45-65 us of kernel, launch
     # call and way to the device, or the 200 us from one launch to the next.
+    # The call's return is placed on the device's timeline through a reference
+    # event, as early as the pacing thread saw it complete: on a loaded
+    # machine that thread is descheduled now and then, and a launch after a
+    # 40 us call was charged 8.1 us once (in a fresh-clone CI run).
     charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
-    assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
+    assert 0.9 * 5 * US <= charged <= 2 * 5 * US, charged
 
 
 def test_a_thread_behind_its_device_times_one_launch_in_eight(gpu: FakeGpu) -> None:
