@@ -145,6 +145,19 @@ def number_flag(
 positive_seconds = number_flag("seconds")
 
 
+def count_flag(text: str) -> int:
+    """An argparse type for a count (connections, MiB, runs): a whole number, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        import argparse  # only to refuse, as above
+
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, at least 1")
+    return value
+
+
 def pointer_token(name: str) -> str:
     """``name`` as one JSON Pointer token (RFC 6901): ``nvidia.com/gpu`` -> ``nvidia.com~1gpu``."""
     return name.replace("~", "~0").replace("/", "~1")

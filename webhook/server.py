@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from runtime_hook.contract import in_cluster, positive_seconds
+from runtime_hook.contract import count_flag, in_cluster, positive_seconds
 from webhook.admission import Answer, admit, refuse
 from webhook.config import Config, ConfigError, load_config
 from webhook.kube import Credentials, Kube, KubeError
@@ -207,10 +207,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--reload-interval", type=positive_seconds, default=1.0, metavar="SECONDS",
                         help="how often to look for a new certificate and key (default: 1)")
     guards = DEFAULT_GUARDS
-    parser.add_argument("--max-connections", type=_count, default=guards.max_connections,
+    parser.add_argument("--max-connections", type=count_flag, default=guards.max_connections,
                         metavar="N", help="open connections served at once; more are closed "
                                           "at once (default: %(default)s)")
-    parser.add_argument("--max-buffered-mib", type=_count,
+    parser.add_argument("--max-buffered-mib", type=count_flag,
                         default=guards.max_buffered >> 20, metavar="MIB",
                         help="MiB of request bodies held at once over all connections (a body "
                              "counts twice); past it a review gets 503 (default: %(default)s)")
@@ -219,12 +219,6 @@ def _parser() -> argparse.ArgumentParser:
                         help="seconds a client has for a request's head, and again for its "
                              "body; an idle connection is closed after it (default: %(default)s)")
     return parser
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, at least 1")
-    return int(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
