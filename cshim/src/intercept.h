@@ -188,6 +188,16 @@
     CU(cuStreamCreate, (CUstream *phStream, unsigned int Flags), (phStream, Flags))                 \
     CU(cuStreamQuery, (CUstream hStream), (hStream))                                                \
     CU(cuStreamQuery_ptsz, (CUstream hStream), (hStream))                                           \
+    CU(cuStreamWaitValue32_v2,                                                                      \
+       (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),                   \
+       (stream, addr, value, flags))                                                                \
+    CU(cuStreamWaitValue32_v2_ptsz,                                                                 \
+       (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),                   \
+       (stream, addr, value, flags))                                                                \
+    CU(cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags), (pp, bytesize, Flags))     \
+    CU(cuMemHostGetDevicePointer_v2, (CUdeviceptr *pdptr, void *p, unsigned int Flags),             \
+       (pdptr, p, Flags))                                                                           \
+    CU(cuMemFreeHost, (void *p), (p))                                                               \
     CU(cuEventCreate, (CUevent *phEvent, unsigned int Flags), (phEvent, Flags))                     \
     CU(cuEventRecord, (CUevent hEvent, CUstream hStream), (hEvent, hStream))                        \
     CU(cuEventRecord_ptsz, (CUevent hEvent, CUstream hStream), (hEvent, hStream))                   \

@@ -56,6 +56,36 @@ static CUresult record_event(CUevent event, const struct vc_launch *l)
                    : vc_real_cuEventRecord(event, l->stream);
 }
 
+/* Before launch l's start event: its stream waits until the launch lets it
+ * go. A driver that cannot hold streams (no stream memory operations) times
+ * the context's launches without. */
+static void hold_stream(struct vc_launch *l)
+{
+    struct vc_pacer_context *c = l->context;
+    const unsigned geq = CU_STREAM_WAIT_VALUE_GEQ;
+    CUresult r = l->ptsz ? vc_real_cuStreamWaitValue32_v2_ptsz(l->stream, c->flag_at, l->hold, geq)
+                         : vc_real_cuStreamWaitValue32_v2(l->stream, c->flag_at, l->hold, geq);
+    if (r == CUDA_SUCCESS)
+        return;
+    pthread_mutex_lock(&pacer.lock);
+    bool first = c->holds;
+    c->holds = false;
+    pacer.records[l->record % RECORDS].held = false;
+    pthread_mutex_unlock(&pacer.lock);
+    l->hold = 0;
+    if (first)
+        vc_log(VC_LOG_WARN, "cannot hold a stream until its launch is on the device (CUDA error "
+               "%d): small kernels are charged their way to the device too", (int)r);
+}
+
+/* Lets launch l's stream go, if it holds it. */
+static void let_go(struct vc_launch *l)
+{
+    if (l->hold)
+        pacer_release(l->context->flag, l->hold);
+    l->hold = 0;
+}
+
 /* Closes launch l's record (or run). */
 static void close_record(struct vc_launch *l, enum record_state state)
 {
@@ -158,7 +188,10 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
     pthread_mutex_unlock(&pacer.lock);
     pacer_charge(l->device, l->charged);
     struct record *timed = opened ? &pacer.records[l->record % RECORDS] : NULL;
+    if (l->hold)
+        hold_stream(l);
     if (timed && timed->start && record_event(timed->start, l) != CUDA_SUCCESS) {
+        let_go(l);
         close_record(l, VOID);
         timed = NULL;
         l->timed = false;
@@ -170,6 +203,7 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
 CUresult vc_pacer_end(struct vc_launch *l, CUresult result)
 {
     if (result != CUDA_SUCCESS) {
+        let_go(l);
         pacer_charge(l->device, -l->charged);
         if (l->timed) {
             l->guessed = false;   /* nothing ran: nothing to correct */
@@ -186,6 +220,7 @@ CUresult vc_pacer_end(struct vc_launch *l, CUresult result)
             thread_run.filled = pacer_stream_key(l->stream, l->ptsz);
         CUevent end = pacer.records[l->record % RECORDS].end;
         close_record(l, record_event(end, l) == CUDA_SUCCESS ? ENDED : VOID);
+        let_go(l);
     } else if (!l->timed && l->guessed) {
         pthread_mutex_lock(&pacer.lock);
         pacer_remember_guess(l);

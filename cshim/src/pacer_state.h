@@ -39,6 +39,7 @@
 #define RUN 32                  /* the most launches a run times with one pair of events */
 #define SAMPLE 8                /* a thread behind its device times one launch in this many */
 #define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
+#define HOLD_STALE_NS 1000000   /* a stream held this long is let go by the thread */
 #define RUN_STALE_NS 20000000   /* a run this long past its projected end is given up */
 #define OVER_PERCENT 25         /* a launch is charged at most this much over its estimate */
 #define RUN_OVER_PERCENT 10     /* ... in a run, whose mean time strays less than one's */
@@ -67,8 +68,13 @@ struct vc_pacer_context {
     unsigned created, nfree;
     int64_t published;          /* the newest complete reference; -1: none yet */
     int64_t published_at;       /* when it was recorded */
+    bool holds;                 /* its launches may hold their streams on flag */
+    uint32_t held;              /* the last value a launch's stream waits for */
+    int64_t held_at;            /* when */
     /* The thread's own, touched without the lock while it reads: */
     CUstream own;               /* a non-blocking stream for the references */
+    uint32_t *flag;             /* host memory the device reads: held streams wait on it */
+    CUdeviceptr flag_at;        /* its device address */
     bool broken;                /* no stream or references: no timeline */
     struct ref refs[REFS];
     int64_t complete;           /* the newest reference; -1: none yet */
@@ -109,6 +115,7 @@ struct record {
     bool mixed;                 /* a run of several kernels: no one kernel's time */
     bool one_stream;            /* launched while the process launched on one stream */
     bool late;                  /* a run whose stream had run dry when its end event was recorded */
+    bool held;                  /* its stream was held until its launch call returned */
     int64_t estimated;          /* its kernels' estimates added up */
     int64_t drained;            /* a run: when its launches' kernels should be done (clock) */
     enum record_state state;
@@ -181,6 +188,17 @@ int64_t pacer_up_front(const struct kernel *k);
 int64_t pacer_cap(const struct kernel *k, int64_t percent);
 void pacer_learn_cost(struct kernel *k, int64_t cost);
 void pacer_remember_guess(const struct vc_launch *l);
+
+/* Lets the streams waiting for values up to value go: the flag only moves
+ * forward (cyclically, as the device compares). Any thread, lock or not. */
+static inline void pacer_release(uint32_t *flag, uint32_t value)
+{
+    uint32_t old = __atomic_load_n(flag, __ATOMIC_RELAXED);
+    while ((int32_t)(value - old) > 0
+           && !__atomic_compare_exchange_n(flag, &old, value, true, __ATOMIC_RELEASE,
+                                           __ATOMIC_RELAXED))
+        ;
+}
 
 /* pacer_records.c (lock held) */
 uint64_t pacer_stream_key(CUstream stream, bool ptsz);

@@ -41,8 +41,9 @@ static void charge_record(struct record *r, const struct reading *m)
         start = lane->end;
     /* In a process launching on one stream: its first kernel queued behind
      * the stream's last one, and began as that one ended; else the stream was
-     * idle, and its start event came some us before its kernel did. */
-    bool queued = !r->one_stream || (lane->stream == r->stream
+     * idle, and its start event came some us before its kernel did, unless
+     * the stream was held until the kernel was there too. */
+    bool queued = r->held || !r->one_stream || (lane->stream == r->stream
                   && (m->start >= 0 ? m->start : m->submitted) <= lane->end + QUEUED_NS);
     *lane = (struct lane){.stream = r->stream, .end = m->end};
     int64_t from = start > c->covered ? start : c->covered;
@@ -100,8 +101,23 @@ static bool set_current(CUcontext ctx, CUcontext *current)
     return true;
 }
 
-/* Outside the lock: the context's own stream and references, then up to
- * want events into made. */
+/* Outside the lock: the flag the context's held streams wait on, in host
+ * memory the device reads; none if it cannot. */
+static void make_flag(struct vc_pacer_context *c)
+{
+    void *p = NULL;
+    if (vc_real_cuMemHostAlloc(&p, sizeof *c->flag, CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS)
+        return;
+    if (vc_real_cuMemHostGetDevicePointer_v2(&c->flag_at, p, 0) != CUDA_SUCCESS) {
+        vc_real_cuMemFreeHost(p);
+        return;
+    }
+    c->flag = p;
+    *c->flag = 0;
+}
+
+/* Outside the lock: the context's own stream, references and flag, then up
+ * to want events into made. */
 static unsigned equip(struct vc_pacer_context *c, CUcontext *current, CUevent *made,
                       unsigned want)
 {
@@ -112,6 +128,8 @@ static unsigned equip(struct vc_pacer_context *c, CUcontext *current, CUevent *m
         for (int i = 0; i < REFS && !c->broken; i++)
             c->broken = vc_real_cuEventCreate(&c->refs[i].event, CU_EVENT_DEFAULT) != CUDA_SUCCESS;
         c->complete = -1;
+        if (!c->broken)
+            make_flag(c);
         if (c->broken)
             vc_log(VC_LOG_WARN, "no stream or events for the timeline of a context: its "
                    "launches are charged without it");
@@ -219,9 +237,19 @@ static bool stale(const struct record *r, int64_t now)
     return r->state == OPEN && r->launches && now > r->drained + RUN_STALE_NS;
 }
 
-/* A run open at the head keeps the thread looking, to give it up when stale. */
+/* Whether a stream of context c waits for a launch to let it go. */
+static bool holding(const struct vc_pacer_context *c)
+{
+    return c->holds && (int32_t)(c->held - __atomic_load_n(c->flag, __ATOMIC_ACQUIRE)) > 0;
+}
+
+/* A run open at the head keeps the thread looking, to give it up when stale;
+ * so does a held stream, to let it go if its launch never returns. */
 static bool has_work(void)
 {
+    for (int i = 0; i < MAX_CONTEXTS; i++)
+        if (pacer.contexts[i].ctx && holding(&pacer.contexts[i]))
+            return true;
     return needy_context()
            || (pacer.head != pacer.tail && (pacer.records[pacer.head % RECORDS].state != OPEN
                                 || pacer.records[pacer.head % RECORDS].launches));
@@ -246,6 +274,13 @@ static void read_round(CUcontext *current)
     pacer.forgot = false;
     uint32_t first = pacer.head, n = 0;
     int64_t began = vc_clock_ns();
+    /* A stream its launching thread did not let go (a launch call that
+     * blocks, a thread stopped) is let go here: its timing is spoiled, not
+     * its work. */
+    for (int i = 0; i < nlive; i++)
+        if (holding(live[i]) && began - live[i]->held_at > HOLD_STALE_NS)
+            pacer_release(live[i]->flag, live[i]->held);
+    bool fresh = needy && !needy->own;
     for (; n < BATCH && first + n != pacer.tail; n++) {
         struct record *r = &pacer.records[(first + n) % RECORDS];
         if (stale(r, began))
@@ -274,6 +309,8 @@ static void read_round(CUcontext *current)
     pthread_mutex_lock(&pacer.lock);
     pacer.reading = false;
     pthread_cond_broadcast(&pacer.idle);
+    if (fresh && needy->flag)
+        needy->holds = true;
     if (needy) {
         /* A context that gives no more events is not asked again. */
         needy->created = nmade ? needy->created + nmade : EVENTS;

@@ -17,6 +17,12 @@
  * it). Work reaches the device some us after the call that queued it
  * (VCUDA_FAKE_SUBMIT_NS), as a driver's submission does.
  *
+ * A stream can wait for a 32-bit value in host memory (cuStreamWaitValue32,
+ * GEQ only, on memory from cuMemHostAlloc): the work queued behind the wait
+ * runs once the value is written, from the last moment the double saw it
+ * unwritten (it looks at every call), as a device that polls the value does.
+ * Until then its events are not ready, and a synchronization waits.
+ *
  * Capture follows the driver: a launch or graph launch into a capturing
  * stream adds a node instead of running; an event recorded into it marks
  * the stream's position in the capture (and is counted, for the tests:
@@ -89,10 +95,24 @@ struct graph {
     CUdeviceptr free[MAX_GRAPH_ALLOCS];
 };
 
+/* Work queued behind a wait for a value: a kernel's ns, or an event. */
+struct held_work {
+    int64_t ns;
+    struct event *event;
+};
+
+#define MAX_HELD 64
+#define HELD_AT INT64_MAX    /* the time of an event behind a wait not released yet */
+
 struct stream {
     bool alive;
     bool blocking;           /* synchronizes with the legacy stream */
     int64_t tail;            /* when the work recorded on it so far ends */
+    const uint32_t *wait;    /* the value its work waits for is here; NULL: none */
+    uint32_t wait_for;
+    int64_t unwritten_at;    /* the last time the double saw the value unwritten */
+    unsigned nheld;
+    struct held_work held[MAX_HELD];
     CUstreamCaptureStatus capture;
     CUstreamCaptureMode mode;
     pthread_t capturer;
@@ -134,8 +154,13 @@ static int64_t now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Sleeps until t; HELD_AT: until some work held behind a wait runs (the caller asks again). */
 static void sleep_until(int64_t t)
 {
+    if (t == HELD_AT) {
+        nanosleep(&(struct timespec){0, 1000}, NULL);
+        return;
+    }
     for (int64_t left; (left = t - now_ns()) > 0;) {
         struct timespec ts = {left / 1000000000, left % 1000000000};
         nanosleep(&ts, NULL);
@@ -348,10 +373,10 @@ static int64_t reaches_device(void)
     return now_ns() + latency;
 }
 
-/* Runs ns of work on s: once s and the device are both free. */
-static void run(struct stream *s, int64_t ns)
+/* Runs ns of work on s that reaches the device at now: once s and the device are both free. */
+static void run(struct stream *s, int64_t ns, int64_t now)
 {
-    int64_t start = ready_at(s), now = reaches_device();
+    int64_t start = ready_at(s);
     struct fake_timeline *t = timeline_locked();
     int64_t begin = start > now ? start : now;
     begin = t->busy_until > begin ? t->busy_until : begin;
@@ -374,10 +399,11 @@ static void hold(struct stream *s, int64_t ns)
     timeline_unlock(t);
 }
 
-/* When an event recorded now on s completes: after s's work, outside other processes' kernels. */
-static int64_t event_at(const struct stream *s)
+/* When an event on s that reaches the device at now completes: after s's
+ * work, outside other processes' kernels. */
+static int64_t event_at(const struct stream *s, int64_t now)
 {
-    int64_t at = ready_at(s), now = reaches_device();
+    int64_t at = ready_at(s);
     at = at > now ? at : now;
     pid_t self = getpid();   /* a system call: once, not once a kernel */
     struct fake_timeline *t = timeline_locked();
@@ -399,6 +425,52 @@ static int64_t event_cost_ns(void)
     return cost;
 }
 
+/* Places event e on s, reaching the device at now. */
+static void place_event(struct event *e, struct stream *s, int64_t now)
+{
+    e->time = event_at(s, now);
+    if (s->tail > now_ns())
+        hold(s, event_cost_ns());
+}
+
+/* Whether the value at wait has reached value (a cyclic comparison, as the driver's GEQ). */
+static bool written(const uint32_t *wait, uint32_t value)
+{
+    return (int32_t)(__atomic_load_n(wait, __ATOMIC_ACQUIRE) - value) >= 0;
+}
+
+/* Runs the work held on streams whose value was written (lock held). */
+static void release_waits(void)
+{
+    int64_t now = now_ns();
+    for (int i = 0; i < MAX_STREAMS; i++) {
+        struct stream *s = &streams[i];
+        if (!s->wait)
+            continue;
+        if (!written(s->wait, s->wait_for)) {
+            s->unwritten_at = now;
+            continue;
+        }
+        s->wait = NULL;
+        for (unsigned j = 0; j < s->nheld; j++) {
+            if (s->held[j].event)
+                place_event(s->held[j].event, s, s->unwritten_at);
+            else
+                run(s, s->held[j].ns, s->unwritten_at);
+        }
+        s->nheld = 0;
+    }
+}
+
+/* Queues work behind s's wait (the double keeps MAX_HELD). */
+static CUresult hold_work(struct stream *s, struct held_work work)
+{
+    if (s->nheld == MAX_HELD)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    s->held[s->nheld++] = work;
+    return CUDA_SUCCESS;
+}
+
 /* Whether work can be put on s; *captured: it joins s's capture rather than run. */
 static CUresult work_on(struct stream *s, bool *captured)
 {
@@ -418,14 +490,17 @@ static CUresult work_on(struct stream *s, bool *captured)
 static CUresult submit(CUstream h, bool per_thread_default, int64_t ns)
 {
     pthread_mutex_lock(&lock);
+    release_waits();
     struct stream *s = stream_of(h, per_thread_default);
     bool captured;
     CUresult r = work_on(s, &captured);
     if (r == CUDA_SUCCESS && captured) {
         s->graph->nodes++;
         s->graph->ns += ns;
+    } else if (r == CUDA_SUCCESS && s->wait) {
+        r = hold_work(s, (struct held_work){.ns = ns});
     } else if (r == CUDA_SUCCESS) {
-        run(s, ns);
+        run(s, ns, reaches_device());
     }
     pthread_mutex_unlock(&lock);
     return r;
@@ -570,6 +645,26 @@ static void launch_call_time(struct function *fn)
         ;
 }
 
+/* With VCUDA_FAKE_HELD_BLOCKS=1, a launch call on a stream that waits for a
+ * value returns only once the value is written, as a driver's does when the
+ * stream's queue is full. */
+static void block_while_held(CUstream h, bool per_thread_default)
+{
+    static int blocks = -1;
+    if (blocks < 0)
+        blocks = ns_from_env("VCUDA_FAKE_HELD_BLOCKS", 0) != 0;
+    while (blocks) {
+        pthread_mutex_lock(&lock);
+        release_waits();
+        struct stream *s = stream_of(h, per_thread_default);
+        bool held = s && s->wait;
+        pthread_mutex_unlock(&lock);
+        if (!held)
+            return;
+        nanosleep(&(struct timespec){0, 10000}, NULL);
+    }
+}
+
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                        unsigned by, unsigned bz, CUstream s, void **params, bool per_thread)
 {
@@ -578,6 +673,7 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     if (r != CUDA_SUCCESS)
         return r;
     launch_call_time((struct function *)f);
+    block_while_held(s, per_thread);
     return submit(s, per_thread, ns);
 }
 
@@ -651,6 +747,7 @@ CUresult cuStreamDestroy_v2(CUstream hStream)
 static int64_t stream_end(CUstream h, bool per_thread_default, CUresult *r)
 {
     pthread_mutex_lock(&lock);
+    release_waits();
     struct stream *s = stream_of(h, per_thread_default);
     int64_t end = -1;
     if (!s)
@@ -658,7 +755,7 @@ static int64_t stream_end(CUstream h, bool per_thread_default, CUresult *r)
     else if (s->capture != CU_STREAM_CAPTURE_STATUS_NONE)
         *r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     else if ((*r = unsafe_call()) == CUDA_SUCCESS)
-        end = ready_at(s);
+        end = s->wait ? HELD_AT : ready_at(s);
     pthread_mutex_unlock(&lock);
     return end;
 }
@@ -667,6 +764,8 @@ static CUresult stream_synchronize(CUstream h, bool per_thread_default)
 {
     CUresult r = fake_need_context();
     int64_t end = r == CUDA_SUCCESS ? stream_end(h, per_thread_default, &r) : -1;
+    for (; end == HELD_AT; end = stream_end(h, per_thread_default, &r))
+        sleep_until(end);
     if (end < 0)
         return r;
     sleep_until(end);
@@ -692,19 +791,124 @@ CUresult cuCtxSynchronize(void)
     CUresult r = fake_need_context();
     if (r != CUDA_SUCCESS)
         return r;
-    pthread_mutex_lock(&lock);
-    int64_t end = 0;
-    if ((r = unsafe_call()) == CUDA_SUCCESS)
-        for (int i = 0; i < MAX_STREAMS; i++)
-            if (streams[i].alive && streams[i].tail > end)
-                end = streams[i].tail;
-    pthread_mutex_unlock(&lock);
-    if (r != CUDA_SUCCESS)
-        return r;
-    sleep_until(end);
+    int64_t end;
+    do {
+        pthread_mutex_lock(&lock);
+        release_waits();
+        end = 0;
+        if ((r = unsafe_call()) == CUDA_SUCCESS)
+            for (int i = 0; i < MAX_STREAMS; i++)
+                if (streams[i].alive && (streams[i].wait ? HELD_AT : streams[i].tail) > end)
+                    end = streams[i].wait ? HELD_AT : streams[i].tail;
+        pthread_mutex_unlock(&lock);
+        if (r != CUDA_SUCCESS)
+            return r;
+        sleep_until(end);
+    } while (end == HELD_AT);
     fake_pools_synchronized();
     return CUDA_SUCCESS;
 }
+
+/* ---- host memory the device reads, and streams that wait on it ---- */
+
+#define MAX_HOST_BLOCKS 64
+
+static struct host_block {
+    bool alive;
+    char *p;
+    size_t bytes;
+} host_blocks[MAX_HOST_BLOCKS];
+
+/* The block holding bytes at p (lock held), or NULL. */
+static struct host_block *host_block_of(const void *p, size_t bytes)
+{
+    for (int i = 0; i < MAX_HOST_BLOCKS; i++) {
+        struct host_block *b = &host_blocks[i];
+        if (b->alive && (const char *)p >= b->p && (const char *)p + bytes <= b->p + b->bytes)
+            return b;
+    }
+    return NULL;
+}
+
+CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
+{
+    const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
+                           | CU_MEMHOSTALLOC_WRITECOMBINED;
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!pp || !bytesize || (Flags & ~known))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    struct host_block *b = FREE_ENTRY(host_blocks);
+    char *p = b ? calloc(1, bytesize) : NULL;
+    if (p)
+        *b = (struct host_block){.alive = true, .p = p, .bytes = bytesize};
+    pthread_mutex_unlock(&lock);
+    *pp = p;
+    return p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The device reads host memory at the host's address (unified addressing). */
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags)
+{
+    if (!pdptr || Flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    bool known = host_block_of(p, 1);
+    pthread_mutex_unlock(&lock);
+    *pdptr = known ? (CUdeviceptr)(uintptr_t)p : 0;
+    return known ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuMemFreeHost(void *p)
+{
+    pthread_mutex_lock(&lock);
+    struct host_block *b = host_block_of(p, 1);
+    bool start = b && b->p == p;
+    if (start) {
+        free(b->p);
+        b->alive = false;
+    }
+    pthread_mutex_unlock(&lock);
+    return start ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The work queued on stream h from now on waits until the 32-bit value at
+ * addr reaches value (GEQ, cyclic). The double waits on host memory only,
+ * one address a stream at a time, and not in a capture. */
+static CUresult wait_value(CUstream h, CUdeviceptr addr, cuuint32_t value, unsigned flags,
+                           bool per_thread_default)
+{
+    CUresult r = fake_need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (flags != CU_STREAM_WAIT_VALUE_GEQ)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    const uint32_t *wait = (const uint32_t *)(uintptr_t)addr;
+    pthread_mutex_lock(&lock);
+    release_waits();
+    struct stream *s = stream_of(h, per_thread_default);
+    bool captured;
+    if (addr % sizeof *wait || !host_block_of(wait, sizeof *wait))
+        r = CUDA_ERROR_INVALID_VALUE;
+    else if ((r = work_on(s, &captured)) == CUDA_SUCCESS && captured)
+        r = CUDA_ERROR_NOT_SUPPORTED;
+    else if (r == CUDA_SUCCESS && s->wait && s->wait != wait)
+        r = CUDA_ERROR_NOT_SUPPORTED;
+    else if (r == CUDA_SUCCESS && !written(wait, value)) {
+        if (!s->wait)
+            s->unwritten_at = now_ns();
+        if (!s->wait || (int32_t)(value - s->wait_for) > 0)
+            s->wait_for = value;
+        s->wait = wait;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+TWINS(cuStreamWaitValue32_v2, (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned flags),
+      wait_value, stream, addr, value, flags)
 
 /* ---- events ---- */
 
@@ -742,6 +946,7 @@ static CUresult event_record(CUevent hEvent, CUstream hStream, bool per_thread_d
     if (r != CUDA_SUCCESS)
         return r;
     pthread_mutex_lock(&lock);
+    release_waits();
     struct event *e = event_of(hEvent);
     struct stream *s = stream_of(hStream, per_thread_default);
     bool captured;
@@ -752,9 +957,11 @@ static CUresult event_record(CUevent hEvent, CUstream hStream, bool per_thread_d
         records_in_capture++;
         e->captured = true;
     } else {
-        *e = (struct event){true, true, false, e->flags, event_at(s)};
-        if (s->tail > now_ns())
-            hold(s, event_cost_ns());
+        *e = (struct event){.alive = true, .recorded = true, .flags = e->flags, .time = HELD_AT};
+        if (s->wait)
+            r = hold_work(s, (struct held_work){.event = e});
+        else
+            place_event(e, s, reaches_device());
         records_run++;
     }
     pthread_mutex_unlock(&lock);
@@ -767,6 +974,7 @@ TWINS(cuEventRecord, (CUevent hEvent, CUstream hStream), event_record, hEvent, h
 static int64_t event_time(CUevent h, CUresult *r)
 {
     pthread_mutex_lock(&lock);
+    release_waits();
     struct event *e = event_of(h);
     int64_t t = -1;
     if (!e)
@@ -792,6 +1000,8 @@ CUresult cuEventSynchronize(CUevent hEvent)
 {
     CUresult r;
     int64_t t = event_time(hEvent, &r);
+    for (; t == HELD_AT; t = event_time(hEvent, &r))
+        sleep_until(t);
     if (t < 0)
         return r;
     sleep_until(t);
@@ -803,6 +1013,7 @@ CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
     if (!pMilliseconds)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
+    release_waits();
     struct event *a = event_of(hStart), *b = event_of(hEnd);
     int64_t now = now_ns();
     CUresult r = CUDA_SUCCESS;

@@ -35,6 +35,8 @@ CUresult fake_capture_free(CUstream h, bool per_thread_default, CUdeviceptr dptr
 PER_THREAD(cuStreamSynchronize)(CUstream hStream);
 PER_THREAD(cuStreamQuery)(CUstream hStream);
 PER_THREAD(cuEventRecord)(CUevent hEvent, CUstream hStream);
+PER_THREAD(cuStreamWaitValue32_v2)(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                   unsigned int flags);
 PER_THREAD(cuMemsetD8Async)(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
 PER_THREAD(cuStreamBeginCapture_v2)(CUstream hStream, CUstreamCaptureMode mode);
 PER_THREAD(cuStreamEndCapture)(CUstream hStream, CUgraph *phGraph);

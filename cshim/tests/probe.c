@@ -180,6 +180,10 @@ struct api {
     CUresult (*MemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *,
                                              CUmemAllocationHandleType);
     CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned);
+    CUresult (*StreamWaitValue32)(CUstream, CUdeviceptr, cuuint32_t, unsigned);
+    CUresult (*EventQuery)(CUevent);
 };
 
 struct binding {
@@ -265,6 +269,10 @@ static const struct binding bindings[] = {
          cuMemImportFromShareableHandle, 10020),
     BIND(MemRetainAllocationHandle, "cuMemRetainAllocationHandle", cuMemRetainAllocationHandle,
          11000),
+    BIND(MemHostAlloc, "cuMemHostAlloc", cuMemHostAlloc, 3020),
+    BIND(MemHostGetDevicePointer, "cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2, 3020),
+    BIND(StreamWaitValue32, "cuStreamWaitValue32", cuStreamWaitValue32_v2, 11070),
+    BIND(EventQuery, "cuEventQuery", cuEventQuery, 2000),
 };
 
 #define NBINDINGS (sizeof bindings / sizeof *bindings)
@@ -804,6 +812,42 @@ static void gaps(uint64_t ns, int64_t every_ns, int64_t ms, size_t memset_bytes,
         out("gaps %ld %ld\n", launches, slow);
 }
 
+/* A stream waits for a value in host memory, written ms later: prints
+ * whether an event behind the wait was done before the write, whether it is
+ * once synchronized, and the ms that synchronization took. */
+static void hold_stream(int ms)
+{
+    uint32_t *flag = NULL;
+    CUdeviceptr at = 0;
+    CUstream s = NULL;
+    CUevent behind = NULL;
+    CUresult r = api.MemHostAlloc((void **)&flag, sizeof *flag, CU_MEMHOSTALLOC_DEVICEMAP);
+    if (r == CUDA_SUCCESS)
+        r = api.MemHostGetDevicePointer(&at, flag, 0);
+    if (r == CUDA_SUCCESS)
+        r = api.StreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    if (r == CUDA_SUCCESS)
+        r = api.EventCreate(&behind, 0);
+    if (r == CUDA_SUCCESS) {
+        __atomic_store_n(flag, 0, __ATOMIC_RELEASE);
+        r = api.StreamWaitValue32(s, at, 1, CU_STREAM_WAIT_VALUE_GEQ);
+    }
+    if (r == CUDA_SUCCESS)
+        r = api.EventRecord(behind, s);
+    if (r != CUDA_SUCCESS) {
+        out("hold %s\n", name(r));
+        return;
+    }
+    usleep((useconds_t)ms * 1000);
+    CUresult early = api.EventQuery(behind);
+    __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+    int64_t written = now_ns();
+    r = api.EventSynchronize(behind);
+    double took = (double)(now_ns() - written) / 1e6;
+    CUresult late = r == CUDA_SUCCESS ? api.EventQuery(behind) : r;
+    out("hold %s %s %.3f\n", name(early), name(late), took);
+}
+
 /* A count the test double keeps (its function's name), as text; "-" on a real driver. */
 static const char *fake_count(const char *function, char text[32])
 {
@@ -1222,6 +1266,10 @@ static int step(char **cmd, int left)
         for (int i = 0; i < atoi(a1); i++)
             r = api.LaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
         out("badlaunch %s\n", name(r));
+        return 2;
+    }
+    if (!strcmp(c, "hold")) {
+        hold_stream(atoi(a1));
         return 2;
     }
     if (!strcmp(c, "gaps")) {

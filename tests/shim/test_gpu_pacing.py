@@ -103,15 +103,42 @@ def test_two_containers_at_30_and_60_each_get_their_share(
     assert_within(shares(sixty, baseline[kind, 1]), 60, sixty)
 
 
-def probe(*words: str, mode: str = "link", cores: int = 30) -> list[list[str]]:
-    """The probe's output lines under vcuda-run with a core limit, on the real driver."""
+def probe_run(*words: str, mode: str = "link", cores: int = 30) -> subprocess.CompletedProcess[str]:
+    """The probe under vcuda-run with a core limit, on the real driver; the shim logs at info."""
     command = [sys.executable, "-m", "runtime_hook.run", "--memory", "4Gi", "--cores", str(cores),
                "--", str(TESTS / "probe"), mode, "init", "ctx", "0", "module", *words]
-    result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(REPO)),
+    result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(REPO),
+                                              VCUDA_LOG_LEVEL="info"),
                             capture_output=True, text=True, timeout=120, check=False)
     print(result.stdout, result.stderr[-2000:])
     assert result.returncode == 0, result.stderr[-2000:]
-    return [line.split() for line in result.stdout.splitlines()]
+    return result
+
+
+def probe(*words: str, mode: str = "link", cores: int = 30) -> list[list[str]]:
+    """The probe's output lines under vcuda-run with a core limit, on the real driver."""
+    return [line.split() for line in probe_run(*words, mode=mode, cores=cores).stdout.splitlines()]
+
+
+@pytest.mark.parametrize("mode", ["link", "dlsym", "getproc"])
+def test_the_driver_holds_a_stream_until_the_host_value_it_waits_for_is_written(mode: str) -> None:
+    # What the test double does (tests/shim/test_pacing.py), without the library.
+    command = [str(TESTS / "probe"), mode, "init", "ctx", "0", "hold", "20"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    hold = result.stdout.splitlines()[-1].split()
+    assert hold[:3] == ["hold", "CUDA_ERROR_NOT_READY", "CUDA_SUCCESS"], hold
+    assert float(hold[3]) < 10, hold
+
+
+def test_a_small_kernel_every_200_us_under_30_is_not_paced_and_its_stream_is_held() -> None:
+    # 5 us of kernel every 200 us: the sampled launches hold their stream
+    # (no warning that the driver cannot), and none waits for the bucket.
+    result = probe_run("gaps", "5000", "200", "1500")
+    launches, slow = map(int, result.stdout.split()[-2:])
+    assert launches == 1500 * 1000 // 200
+    assert slow <= launches // 100, slow
+    assert "cannot hold a stream" not in result.stderr
+    assert re.search(r"; 0 waited for the bucket", result.stderr), result.stderr[-2000:]
 
 
 @pytest.mark.parametrize("api", ["kernel", "ex", "coop", "graph"])
