@@ -97,7 +97,7 @@ static void join_run(struct vc_launch *l, const struct kernel *k, int64_t estima
 /* Launch l, timed alone by record r, holds its stream (lock held). A small
  * kernel's start event on a stream that ran dry completes as soon as it
  * reaches the idle device, and the kernel only some us later, once its
- * launch call pushed it there (3 us of a 3 us kernel's 6, on an H100): that
+ * launch call pushed it there (2 us of a 3 us kernel's 5, on an H100): that
  * way would be charged as the kernel's. So its stream waits on the context's
  * flag from before the start event until the call returned and the end
  * event is queued behind it; then start event, kernel and end event run
