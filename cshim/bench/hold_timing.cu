@@ -3,7 +3,9 @@
 // launch-bound program launches), unheld and held (the stream waits on a
 // host value written once the launch call returned, as libvcuda.so holds a
 // timed launch), and ten kernels queued between two events. Run without the
-// library. Prints, per kernel size, the median, p10 and p90 of each, in us;
+// library. Elements 0: a held pair of events with no kernel between, what the
+// events add to a held kernel's timing. Prints, per kernel size, the median,
+// p10 and p90 of each, in us;
 // and for the held launches, how much longer the stream stood at the wait
 // than the host took from the wait to writing the value: the device's delay
 // in seeing the value written, less an event's way to the device.
@@ -62,7 +64,7 @@ static std::vector<float> time_kernels(way how, float *x, unsigned size, unsigne
             std::exit(1);
         }
         check(cudaEventRecord(starts[i], stream), "cudaEventRecord");
-        for (int k = 0; k < per; k++)
+        for (int k = 0; k < per && size; k++)
             add_one<<<blocks, 256, 0, stream>>>(x, size);
         check(cudaEventRecord(ends[i], stream), "cudaEventRecord");
         if (how == HELD)
@@ -93,7 +95,7 @@ static std::vector<float> time_kernels(way how, float *x, unsigned size, unsigne
 int main(int argc, char **argv)
 {
     const int n = argc > 1 ? std::atoi(argv[1]) : 3000;
-    const unsigned sizes[] = {1, 1u << 18, 1u << 22};
+    const unsigned sizes[] = {0, 1, 1u << 18, 1u << 22};
     float *x;
     unsigned *flag;
     CUdeviceptr flag_at;
@@ -107,6 +109,8 @@ int main(int argc, char **argv)
     std::printf("elements  way      median    p10    p90  (us a kernel, %d launches)\n", n);
     for (unsigned size : sizes)
         for (way how : {UNHELD, HELD, QUEUED}) {
+            if (!size && how != HELD)
+                continue;
             int count = how == QUEUED ? n / 10 : n;
             std::vector<float> seen(count);
             std::vector<float> us = time_kernels(how, x, size, flag, flag_at, stream, count,
