@@ -796,10 +796,12 @@ CUresult cuCtxSynchronize(void)
         pthread_mutex_lock(&lock);
         release_waits();
         end = 0;
-        if ((r = unsafe_call()) == CUDA_SUCCESS)
-            for (int i = 0; i < MAX_STREAMS; i++)
-                if (streams[i].alive && (streams[i].wait ? HELD_AT : streams[i].tail) > end)
-                    end = streams[i].wait ? HELD_AT : streams[i].tail;
+        r = unsafe_call();
+        for (int i = 0; i < MAX_STREAMS && r == CUDA_SUCCESS; i++) {
+            int64_t done = streams[i].wait ? HELD_AT : streams[i].tail;
+            if (streams[i].alive && done > end)
+                end = done;
+        }
         pthread_mutex_unlock(&lock);
         if (r != CUDA_SUCCESS)
             return r;
