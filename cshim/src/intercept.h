@@ -194,10 +194,9 @@
     CU(cuStreamWaitValue32_v2_ptsz,                                                                 \
        (CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags),                   \
        (stream, addr, value, flags))                                                                \
-    CU(cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags), (pp, bytesize, Flags))     \
+    CU(cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags), (p, bytesize, Flags)) \
     CU(cuMemHostGetDevicePointer_v2, (CUdeviceptr *pdptr, void *p, unsigned int Flags),             \
        (pdptr, p, Flags))                                                                           \
-    CU(cuMemFreeHost, (void *p), (p))                                                               \
     CU(cuEventCreate, (CUevent *phEvent, unsigned int Flags), (phEvent, Flags))                     \
     CU(cuEventRecord, (CUevent hEvent, CUstream hStream), (hEvent, hStream))                        \
     CU(cuEventRecord_ptsz, (CUevent hEvent, CUstream hStream), (hEvent, hStream))                   \

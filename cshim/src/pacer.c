@@ -17,6 +17,8 @@ struct pacer_shared pacer = {
     .typical_ns = FIRST_GUESS_NS,
 };
 __thread struct thread_run thread_run;
+uint32_t pacer_flags[MAX_CONTEXTS][FLAG_BYTES / sizeof(uint32_t)]
+    __attribute__((aligned(FLAG_BYTES)));
 
 static struct vc_pacer_context *find_context(CUcontext ctx)
 {
@@ -82,7 +84,7 @@ static void hold_stream(struct vc_launch *l)
 static void let_go(struct vc_launch *l)
 {
     if (l->hold)
-        pacer_release(l->context->flag, l->hold);
+        pacer_release(pacer_flag(l->context), l->hold);
     l->hold = 0;
 }
 

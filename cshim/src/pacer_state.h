@@ -73,8 +73,7 @@ struct vc_pacer_context {
     int64_t held_at;            /* when */
     /* The thread's own, touched without the lock while it reads: */
     CUstream own;               /* a non-blocking stream for the references */
-    uint32_t *flag;             /* host memory the device reads: held streams wait on it */
-    CUdeviceptr flag_at;        /* its device address */
+    CUdeviceptr flag_at;        /* pacer_flag()'s device address; 0: none, no holds */
     bool broken;                /* no stream or references: no timeline */
     struct ref refs[REFS];
     int64_t complete;           /* the newest reference; -1: none yet */
@@ -163,6 +162,18 @@ struct pacer_shared {
 };
 
 extern struct pacer_shared pacer;
+
+/* Each context entry's word that its held streams wait on, a page of the
+ * library's own: registered with each context that takes the entry, and
+ * never freed, so a launch that lets its stream go after its context went
+ * writes to memory that is still there. */
+#define FLAG_BYTES 4096
+extern uint32_t pacer_flags[MAX_CONTEXTS][FLAG_BYTES / sizeof(uint32_t)];
+
+static inline uint32_t *pacer_flag(const struct vc_pacer_context *c)
+{
+    return pacer_flags[c - pacer.contexts];
+}
 extern __thread struct thread_run thread_run;
 
 /* pacer_charge.c */

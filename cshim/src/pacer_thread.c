@@ -101,19 +101,16 @@ static bool set_current(CUcontext ctx, CUcontext *current)
     return true;
 }
 
-/* Outside the lock: the flag the context's held streams wait on, in host
- * memory the device reads; none if it cannot. */
+/* Outside the lock: the context's flag, registered with it for the device
+ * to read (a context that took the entry before may have left it
+ * registered); none if it cannot be. */
 static void make_flag(struct vc_pacer_context *c)
 {
-    void *p = NULL;
-    if (vc_real_cuMemHostAlloc(&p, sizeof *c->flag, CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS)
-        return;
-    if (vc_real_cuMemHostGetDevicePointer_v2(&c->flag_at, p, 0) != CUDA_SUCCESS) {
-        vc_real_cuMemFreeHost(p);
-        return;
-    }
-    c->flag = p;
-    *c->flag = 0;
+    uint32_t *flag = pacer_flag(c);
+    CUresult r = vc_real_cuMemHostRegister_v2(flag, FLAG_BYTES, CU_MEMHOSTREGISTER_DEVICEMAP);
+    if ((r != CUDA_SUCCESS && r != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+        || vc_real_cuMemHostGetDevicePointer_v2(&c->flag_at, flag, 0) != CUDA_SUCCESS)
+        c->flag_at = 0;
 }
 
 /* Outside the lock: the context's own stream, references and flag, then up
@@ -240,7 +237,7 @@ static bool stale(const struct record *r, int64_t now)
 /* Whether a stream of context c waits for a launch to let it go. */
 static bool holding(const struct vc_pacer_context *c)
 {
-    return c->holds && (int32_t)(c->held - __atomic_load_n(c->flag, __ATOMIC_ACQUIRE)) > 0;
+    return c->holds && (int32_t)(c->held - __atomic_load_n(pacer_flag(c), __ATOMIC_ACQUIRE)) > 0;
 }
 
 /* A run open at the head keeps the thread looking, to give it up when stale;
@@ -279,7 +276,7 @@ static void read_round(CUcontext *current)
      * its work. */
     for (int i = 0; i < nlive; i++)
         if (holding(live[i]) && began - live[i]->held_at > HOLD_STALE_NS)
-            pacer_release(live[i]->flag, live[i]->held);
+            pacer_release(pacer_flag(live[i]), live[i]->held);
     bool fresh = needy && !needy->own;
     for (; n < BATCH && first + n != pacer.tail; n++) {
         struct record *r = &pacer.records[(first + n) % RECORDS];
@@ -309,8 +306,11 @@ static void read_round(CUcontext *current)
     pthread_mutex_lock(&pacer.lock);
     pacer.reading = false;
     pthread_cond_broadcast(&pacer.idle);
-    if (fresh && needy->flag)
+    if (fresh && needy->flag_at) {
+        /* Its launches wait for values past what the word holds. */
         needy->holds = true;
+        needy->held = __atomic_load_n(pacer_flag(needy), __ATOMIC_ACQUIRE);
+    }
     if (needy) {
         /* A context that gives no more events is not asked again. */
         needy->created = nmade ? needy->created + nmade : EVENTS;

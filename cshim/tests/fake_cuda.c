@@ -1402,6 +1402,8 @@ static const struct entry entries[] = {
     E("cuMemHostAlloc", 3020, cuMemHostAlloc),
     E("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
     E("cuMemFreeHost", 2000, cuMemFreeHost),
+    E("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    E("cuMemHostUnregister", 4000, cuMemHostUnregister),
     E("cuModuleLoadData", 2000, cuModuleLoadData),
     E("cuModuleGetFunction", 2000, cuModuleGetFunction),
     E("cuModuleUnload", 2000, cuModuleUnload),

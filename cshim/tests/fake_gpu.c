@@ -18,10 +18,11 @@
  * (VCUDA_FAKE_SUBMIT_NS), as a driver's submission does.
  *
  * A stream can wait for a 32-bit value in host memory (cuStreamWaitValue32,
- * GEQ only, on memory from cuMemHostAlloc): the work queued behind the wait
- * runs once the value is written, from the last moment the double saw it
- * unwritten (it looks at every call), as a device that polls the value does.
- * Until then its events are not ready, and a synchronization waits.
+ * GEQ only, on memory from cuMemHostAlloc or cuMemHostRegister): the work
+ * queued behind the wait runs once the value is written, from the last
+ * moment the double saw it unwritten (it looks at every call), as a device
+ * that polls the value does. Until then its events are not ready, and a
+ * synchronization waits.
  *
  * Capture follows the driver: a launch or graph launch into a capturing
  * stream adds a node instead of running; an event recorded into it marks
@@ -817,6 +818,7 @@ CUresult cuCtxSynchronize(void)
 
 static struct host_block {
     bool alive;
+    bool allocated;          /* by cuMemHostAlloc; else registered */
     char *p;
     size_t bytes;
 } host_blocks[MAX_HOST_BLOCKS];
@@ -832,23 +834,61 @@ static struct host_block *host_block_of(const void *p, size_t bytes)
     return NULL;
 }
 
+/* What an allocation or registration of host memory checks first: a
+ * context, the memory (or where it goes) named, a size, flags it knows. */
+static CUresult host_memory_call(const void *p, size_t bytes, unsigned flags, unsigned known)
+{
+    CUresult r = fake_need_context();
+    return r == CUDA_SUCCESS && (!p || !bytes || (flags & ~known)) ? CUDA_ERROR_INVALID_VALUE : r;
+}
+
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
-    const unsigned known = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
-                           | CU_MEMHOSTALLOC_WRITECOMBINED;
-    CUresult r = fake_need_context();
+    CUresult r = host_memory_call(pp, bytesize, Flags, CU_MEMHOSTALLOC_PORTABLE
+                                  | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED);
     if (r != CUDA_SUCCESS)
         return r;
-    if (!pp || !bytesize || (Flags & ~known))
-        return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     struct host_block *b = FREE_ENTRY(host_blocks);
     char *p = b ? calloc(1, bytesize) : NULL;
     if (p)
-        *b = (struct host_block){.alive = true, .p = p, .bytes = bytesize};
+        *b = (struct host_block){.alive = true, .allocated = true, .p = p, .bytes = bytesize};
     pthread_mutex_unlock(&lock);
     *pp = p;
     return p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* The double keeps registrations for the process, not a context: a second
+ * one of the same memory is refused as already registered, as the driver
+ * refuses one in the same context. */
+CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
+{
+    CUresult r = host_memory_call(p, bytesize, Flags, CU_MEMHOSTREGISTER_PORTABLE
+                                  | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY
+                                  | CU_MEMHOSTREGISTER_READ_ONLY);
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&lock);
+    struct host_block *b = NULL;
+    if (host_block_of(p, 1) || host_block_of((char *)p + bytesize - 1, 1))
+        r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    else if (!(b = FREE_ENTRY(host_blocks)))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    else
+        *b = (struct host_block){.alive = true, .p = p, .bytes = bytesize};
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+CUresult cuMemHostUnregister(void *p)
+{
+    pthread_mutex_lock(&lock);
+    struct host_block *b = host_block_of(p, 1);
+    bool registered = b && !b->allocated && b->p == p;
+    if (registered)
+        b->alive = false;
+    pthread_mutex_unlock(&lock);
+    return registered ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 
 /* The device reads host memory at the host's address (unified addressing). */
@@ -867,7 +907,7 @@ CUresult cuMemFreeHost(void *p)
 {
     pthread_mutex_lock(&lock);
     struct host_block *b = host_block_of(p, 1);
-    bool start = b && b->p == p;
+    bool start = b && b->allocated && b->p == p;
     if (start) {
         free(b->p);
         b->alive = false;
