@@ -197,6 +197,20 @@ def test_the_double_holds_a_stream_until_the_host_value_it_waits_for_is_written(
     assert float(hold[3]) < 10, hold
 
 
+def test_launches_hold_their_streams_again_in_a_context_made_after_a_reset(gpu: FakeGpu) -> None:
+    # The reset context's entry, and its word, go to the new context: its
+    # small kernels are held and charged their time as before.
+    limited(gpu, 30)
+    gaps = ("gaps", str(5 * US), "200", "300")
+    lines = gpu.lines(*LOAD, *gaps, "reset", "0", "ctx", "0", "module", *gaps,
+                      VCUDA_FAKE_LAUNCH_NS=str(40 * US), VCUDA_FAKE_SUBMIT_NS=str(20 * US))
+    made = [line for line in lines if line[0] == "gaps"]
+    assert [int(line[1]) for line in made] == [300 * 1000 // 200] * 2, lines
+    launches = sum(int(line[1]) for line in made)
+    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
+
+
 def test_a_launch_call_that_blocks_while_its_stream_is_held_is_let_go(gpu: FakeGpu) -> None:
     # A driver whose queue for the stream is full returns from a launch call
     # only once the stream runs: the library holds a small kernel's stream
