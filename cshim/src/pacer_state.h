@@ -68,7 +68,7 @@ struct vc_pacer_context {
     unsigned created, nfree;
     int64_t published;          /* the newest complete reference; -1: none yet */
     int64_t published_at;       /* when it was recorded */
-    bool holds;                 /* its launches may hold their streams on flag */
+    bool holds;                 /* its launches may hold their streams on its word */
     uint32_t held;              /* the last value a launch's stream waits for */
     int64_t held_at;            /* when */
     /* The thread's own, touched without the lock while it reads: */
@@ -162,6 +162,7 @@ struct pacer_shared {
 };
 
 extern struct pacer_shared pacer;
+extern __thread struct thread_run thread_run;
 
 /* Each context entry's word that its held streams wait on, a page of the
  * library's own: registered with each context that takes the entry, and
@@ -174,7 +175,6 @@ static inline uint32_t *pacer_flag(const struct vc_pacer_context *c)
 {
     return pacer_flags[c - pacer.contexts];
 }
-extern __thread struct thread_run thread_run;
 
 /* pacer_charge.c */
 void pacer_nap(int64_t ns);

@@ -277,7 +277,7 @@ static void read_round(CUcontext *current)
     for (int i = 0; i < nlive; i++)
         if (holding(live[i]) && began - live[i]->held_at > HOLD_STALE_NS)
             pacer_release(pacer_flag(live[i]), live[i]->held);
-    bool fresh = needy && !needy->own;
+    bool fresh = needy && !needy->own;   /* equipped for the first time: its word too */
     for (; n < BATCH && first + n != pacer.tail; n++) {
         struct record *r = &pacer.records[(first + n) % RECORDS];
         if (stale(r, began))
