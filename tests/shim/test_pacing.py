@@ -224,20 +224,21 @@ def test_a_launch_call_that_blocks_while_its_stream_is_held_is_let_go(gpu: FakeG
     assert 1 <= slow <= launches // 4, slow
 
 
-@pytest.mark.parametrize("launch_us,submit_us", [
-    (0, 0),
-    (40, 0),
-    (40, 20),
+@pytest.mark.parametrize("launch_us,submit_us,mode", [
+    (0, 0, "link"),
+    (40, 0, "link"),
+    (40, 20, "link"),
+    (40, 20, "getproc-ptsz"),   # the per-thread default stream is the one held
 ])
 def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
-    gpu: FakeGpu, launch_us: int, submit_us: int
+    gpu: FakeGpu, launch_us: int, submit_us: int, mode: str
 ) -> None:
     # 5 us of kernel every 200 us is 2.5% of the device: the idle time between
     # launches, the host's time in each launch call before its kernel reaches
     # the device (launch_us, as a driver spends it), and the time the kernel
     # takes to get there once the call returned (submit_us) are never charged.
     limited(gpu, 30)
-    lines = gpu.lines(*LOAD, "gaps", str(5 * US), "200", "1500",
+    lines = gpu.lines(*LOAD, "gaps", str(5 * US), "200", "1500", mode=mode,
                       VCUDA_FAKE_LAUNCH_NS=str(launch_us * US),
                       VCUDA_FAKE_SUBMIT_NS=str(submit_us * US))
     launches, slow = int(lines[-1][1]), int(lines[-1][2])
