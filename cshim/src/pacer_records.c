@@ -178,9 +178,9 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     pacer.tally.alone += l->timed && !opens;
     if (l->timed && opens)
         open_run_with(l, k, stream, now);
-    struct record *r = &pacer.records[l->record % RECORDS];
-    if (l->timed && !opens && small && behind && r->start && l->context->holds)
-        take_hold(l, r, now);
+    struct record *alone = l->timed && !opens ? &pacer.records[l->record % RECORDS] : NULL;
+    if (alone && alone->start && small && behind && l->context->holds)
+        take_hold(l, alone, now);
     return l->timed;
 }
 
