@@ -58,9 +58,19 @@ static CUresult record_event(CUevent event, const struct vc_launch *l)
                    : vc_real_cuEventRecord(event, l->stream);
 }
 
+/* Lets launch l's stream go, if it holds it. */
+static void let_go(struct vc_launch *l)
+{
+    if (l->hold)
+        pacer_release(pacer_flag(l->context), l->hold);
+    l->hold = 0;
+}
+
 /* Before launch l's start event: its stream waits until the launch lets it
- * go. A driver that cannot hold streams (no stream memory operations) times
- * the context's launches without. */
+ * go. A driver that cannot hold streams (no stream memory operations, or no
+ * such entry point) times the context's launches without. Any other failure
+ * (a stream that is not the context's, say, whose launch fails as well)
+ * leaves only this launch unheld. */
 static void hold_stream(struct vc_launch *l)
 {
     struct vc_pacer_context *c = l->context;
@@ -69,23 +79,16 @@ static void hold_stream(struct vc_launch *l)
                          : vc_real_cuStreamWaitValue32_v2(l->stream, c->flag_at, l->hold, geq);
     if (r == CUDA_SUCCESS)
         return;
+    bool cannot = r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_NOT_FOUND;
     pthread_mutex_lock(&pacer.lock);
-    bool first = c->holds;
-    c->holds = false;
+    bool first = cannot && c->holds;
+    c->holds = c->holds && !cannot;
     pacer.records[l->record % RECORDS].held = false;
     pthread_mutex_unlock(&pacer.lock);
-    l->hold = 0;
+    let_go(l);   /* its value: the pacing thread would wait to let it go */
     if (first)
         vc_log(VC_LOG_WARN, "cannot hold a stream until its launch is on the device (CUDA error "
                "%d): small kernels are charged their way to the device too", (int)r);
-}
-
-/* Lets launch l's stream go, if it holds it. */
-static void let_go(struct vc_launch *l)
-{
-    if (l->hold)
-        pacer_release(pacer_flag(l->context), l->hold);
-    l->hold = 0;
 }
 
 /* Closes launch l's record (or run). */

@@ -916,6 +916,22 @@ CUresult cuMemFreeHost(void *p)
     return start ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* A wait the tests make fail: with VCUDA_FAKE_WAIT_ERROR=CODE, waits fail
+ * with that CUresult, as a device without stream memory operations refuses
+ * them (CUDA_ERROR_NOT_SUPPORTED, 801) or a driver out of memory fails a
+ * call (CUDA_ERROR_OUT_OF_MEMORY, 2); VCUDA_FAKE_WAIT_ERRORS=N: only the
+ * first N do (default: every one). */
+static CUresult injected_wait_error(void)
+{
+    static int64_t code = -1, failed, errors;
+    if (code < 0) {
+        errors = ns_from_env("VCUDA_FAKE_WAIT_ERRORS", INT64_MAX);
+        code = ns_from_env("VCUDA_FAKE_WAIT_ERROR", 0);
+    }
+    return code && __atomic_fetch_add(&failed, 1, __ATOMIC_RELAXED) < errors ? (CUresult)code
+                                                                             : CUDA_SUCCESS;
+}
+
 /* The work queued on stream h from now on waits until the 32-bit value at
  * addr reaches value (GEQ, cyclic). The double waits on host memory only,
  * one address a stream at a time, and not in a capture. */
@@ -923,6 +939,8 @@ static CUresult wait_value(CUstream h, CUdeviceptr addr, cuuint32_t value, unsig
                            bool per_thread_default)
 {
     CUresult r = fake_need_context();
+    if (r == CUDA_SUCCESS)
+        r = injected_wait_error();
     if (r != CUDA_SUCCESS)
         return r;
     if (flags != CU_STREAM_WAIT_VALUE_GEQ)
