@@ -40,6 +40,8 @@
 #define SAMPLE 8                /* a thread behind its device times one launch in this many */
 #define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
 #define HOLD_STALE_NS 1000000   /* a stream held this long is let go by the thread */
+#define PAIR_TRIES 8            /* held pairs of events timed to know what events take */
+#define HELD_PAIR_PERCENT 50    /* of that, taken off a held record: see charge_record() */
 #define RUN_STALE_NS 20000000   /* a run this long past its projected end is given up */
 #define OVER_PERCENT 25         /* a launch is charged at most this much over its estimate */
 #define RUN_OVER_PERCENT 10     /* ... in a run, whose mean time strays less than one's */
@@ -74,6 +76,7 @@ struct vc_pacer_context {
     /* The thread's own, touched without the lock while it reads: */
     CUstream own;               /* a non-blocking stream for the references */
     CUdeviceptr flag_at;        /* pacer_flag()'s device address; 0: none, no holds */
+    int64_t pair_ns;            /* a held pair of events with nothing between takes this */
     bool broken;                /* no stream or references: no timeline */
     struct ref refs[REFS];
     int64_t complete;           /* the newest reference; -1: none yet */

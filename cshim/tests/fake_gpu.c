@@ -21,7 +21,8 @@
  * GEQ only, on memory from cuMemHostAlloc or cuMemHostRegister): the work
  * queued behind the wait runs once the value is written, from the last
  * moment the double saw it unwritten (it looks at every call), as a device
- * that polls the value does. Until then its events are not ready, and a
+ * that polls the value does; each event queued behind the wait holds the
+ * stream its moment. Until then its events are not ready, and a
  * synchronization waits.
  *
  * Capture follows the driver: a launch or graph launch into a capturing
@@ -454,10 +455,15 @@ static void release_waits(void)
         }
         s->wait = NULL;
         for (unsigned j = 0; j < s->nheld; j++) {
-            if (s->held[j].event)
-                place_event(s->held[j].event, s, s->unwritten_at);
-            else
+            struct event *e = s->held[j].event;
+            if (!e) {
                 run(s, s->held[j].ns, s->unwritten_at);
+                continue;
+            }
+            /* Queued behind the wait, it holds the stream its moment. */
+            e->time = event_at(s, s->unwritten_at);
+            s->tail = s->tail > e->time ? s->tail : e->time;
+            hold(s, event_cost_ns());
         }
         s->nheld = 0;
     }

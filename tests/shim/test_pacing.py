@@ -258,6 +258,18 @@ def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
     assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
 
 
+def test_a_held_launch_is_charged_its_kernel_and_half_its_events_moment(gpu: FakeGpu) -> None:
+    # Each event behind a wait holds the double's stream 4 us: a held launch
+    # takes its start event's moment and its kernel, 9 us in all. A held pair
+    # with nothing between takes the moment alone, and half of it is taken
+    # off (NVML counts about half of it as busy on an H100).
+    limited(gpu, 30)
+    result = gpu.run(*HELD_LOAD, **WAY_TO_DEVICE, VCUDA_FAKE_EVENT_NS=str(4 * US))
+    launches = int(result.stdout.split()[-2])
+    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    assert 0.95 * 7 * US <= charged <= 7.75 * US, charged
+
+
 def test_a_driver_that_cannot_hold_streams_gets_one_warning_and_launches_timed_unheld(
     gpu: FakeGpu,
 ) -> None:
