@@ -69,8 +69,7 @@ static void let_go(struct vc_launch *l)
 /* Before launch l's start event: its stream waits until the launch lets it
  * go. A driver that cannot hold streams (no stream memory operations, or no
  * such entry point) times the context's launches without. Any other failure
- * (a stream that is not the context's, say, whose launch fails as well)
- * leaves only this launch unheld. */
+ * (a driver out of memory, say) leaves only this launch unheld. */
 static void hold_stream(struct vc_launch *l)
 {
     struct vc_pacer_context *c = l->context;

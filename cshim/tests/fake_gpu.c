@@ -357,8 +357,9 @@ static struct fake_timeline *timeline_locked(void)
 
 static void timeline_unlock(struct fake_timeline *t) { __atomic_store_n(&t->lock, 0, __ATOMIC_RELEASE); }
 
-/* A duration the tests may set in the environment, in ns. */
-static int64_t ns_from_env(const char *name, int64_t otherwise)
+/* A number the tests may set in the environment: a duration in ns, a
+ * count, a switch or a CUresult. */
+static int64_t number_from_env(const char *name, int64_t otherwise)
 {
     const char *set = getenv(name);
     return set ? strtoll(set, NULL, 10) : otherwise;
@@ -371,7 +372,7 @@ static int64_t reaches_device(void)
 {
     static int64_t latency = -1;
     if (latency < 0)
-        latency = ns_from_env("VCUDA_FAKE_SUBMIT_NS", 0);
+        latency = number_from_env("VCUDA_FAKE_SUBMIT_NS", 0);
     return now_ns() + latency;
 }
 
@@ -423,7 +424,7 @@ static int64_t event_cost_ns(void)
 {
     static int64_t cost = -1;
     if (cost < 0)
-        cost = ns_from_env("VCUDA_FAKE_EVENT_NS", 2000);
+        cost = number_from_env("VCUDA_FAKE_EVENT_NS", 2000);
     return cost;
 }
 
@@ -644,8 +645,8 @@ static void launch_call_time(struct function *fn)
 {
     static int64_t each = -1, first = -1;
     if (each < 0) {
-        each = ns_from_env("VCUDA_FAKE_LAUNCH_NS", 0);
-        first = ns_from_env("VCUDA_FAKE_FIRST_LAUNCH_NS", 0);
+        each = number_from_env("VCUDA_FAKE_LAUNCH_NS", 0);
+        first = number_from_env("VCUDA_FAKE_FIRST_LAUNCH_NS", 0);
     }
     int64_t ns = each + (__atomic_exchange_n(&fn->launched, true, __ATOMIC_RELAXED) ? 0 : first);
     for (int64_t until = now_ns() + ns; now_ns() < until;)
@@ -659,7 +660,7 @@ static void block_while_held(CUstream h, bool per_thread_default)
 {
     static int blocks = -1;
     if (blocks < 0)
-        blocks = ns_from_env("VCUDA_FAKE_HELD_BLOCKS", 0) != 0;
+        blocks = number_from_env("VCUDA_FAKE_HELD_BLOCKS", 0) != 0;
     while (blocks) {
         pthread_mutex_lock(&lock);
         release_waits();
@@ -931,8 +932,8 @@ static CUresult injected_wait_error(void)
 {
     static int64_t code = -1, failed, errors;
     if (code < 0) {
-        errors = ns_from_env("VCUDA_FAKE_WAIT_ERRORS", INT64_MAX);
-        code = ns_from_env("VCUDA_FAKE_WAIT_ERROR", 0);
+        errors = number_from_env("VCUDA_FAKE_WAIT_ERRORS", INT64_MAX);
+        code = number_from_env("VCUDA_FAKE_WAIT_ERROR", 0);
     }
     return code && __atomic_fetch_add(&failed, 1, __ATOMIC_RELAXED) < errors ? (CUresult)code
                                                                              : CUDA_SUCCESS;
