@@ -428,11 +428,14 @@ static int64_t event_cost_ns(void)
     return cost;
 }
 
-/* Places event e on s, reaching the device at now. */
-static void place_event(struct event *e, struct stream *s, int64_t now)
+/* Places event e on s, reaching the device at now. It holds the stream its
+ * moment behind work still to run, or when it was queued behind a wait. */
+static void place_event(struct event *e, struct stream *s, int64_t now, bool held)
 {
     e->time = event_at(s, now);
-    if (s->tail > now_ns())
+    if (held && e->time > s->tail)
+        s->tail = e->time;
+    if (held || s->tail > now_ns())
         hold(s, event_cost_ns());
 }
 
@@ -456,15 +459,10 @@ static void release_waits(void)
         }
         s->wait = NULL;
         for (unsigned j = 0; j < s->nheld; j++) {
-            struct event *e = s->held[j].event;
-            if (!e) {
+            if (s->held[j].event)
+                place_event(s->held[j].event, s, s->unwritten_at, true);
+            else
                 run(s, s->held[j].ns, s->unwritten_at);
-                continue;
-            }
-            /* Queued behind the wait, it holds the stream its moment. */
-            e->time = event_at(s, s->unwritten_at);
-            s->tail = s->tail > e->time ? s->tail : e->time;
-            hold(s, event_cost_ns());
         }
         s->nheld = 0;
     }
@@ -1028,7 +1026,7 @@ static CUresult event_record(CUevent hEvent, CUstream hStream, bool per_thread_d
         if (s->wait)
             r = hold_work(s, (struct held_work){.event = e});
         else
-            place_event(e, s, reaches_device());
+            place_event(e, s, reaches_device(), false);
         records_run++;
     }
     pthread_mutex_unlock(&lock);
