@@ -47,11 +47,18 @@ int64_t pacer_up_front(const struct kernel *k)
 
 /* The most a launch of kernel k is charged once timed: a steady kernel,
  * percent over its estimate (what exceeds that ran while another process had
- * the device); any other, what was measured. */
+ * the device); one that is not, 4x its estimate. Its own time may vary that
+ * much from launch to launch, but beside a busy neighbour most records of a
+ * launch-bound program span that one's time slices, which is what makes its
+ * kernels unsteady: 2.4 ms slices beside a training step, in records of 6 us
+ * decoding kernels on an H100. A kernel with no sample yet: what was
+ * measured. */
 int64_t pacer_cap(const struct kernel *k, int64_t percent)
 {
-    return k->estimate.steady ? pacer_over(k->estimate.ns, percent)
-                              : INT64_MAX / (2 * RUN);
+    if (k->estimate.steady)
+        return pacer_over(k->estimate.ns, percent);
+    return k->estimate.count ? pacer_over(k->estimate.ns, UNSTEADY_OVER_PERCENT)
+                             : INT64_MAX / (2 * RUN);
 }
 
 /* Takes what a timed launch of kernel k was charged into account: the next

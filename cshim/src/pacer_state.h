@@ -45,6 +45,7 @@
 #define RUN_STALE_NS 20000000   /* a run this long past its projected end is given up */
 #define OVER_PERCENT 25         /* a launch is charged at most this much over its estimate */
 #define RUN_OVER_PERCENT 10     /* ... in a run, whose mean time strays less than one's */
+#define UNSTEADY_OVER_PERCENT 300 /* ... a kernel that is not steady: 4x its estimate */
 #define TICK_NS 1000000         /* the thread reads completed events this often */
 #define NAP_NS 20000000         /* a waiting launch looks at the bucket again this often */
 #define REPORT_NS 1000000000LL  /* the thread logs each device's share this often (info) */

@@ -15,7 +15,9 @@
  * that moment. One recorded behind work still to run holds the device for a
  * moment, as on a real GPU (about 2 us on an H200; VCUDA_FAKE_EVENT_NS sets
  * it). Work reaches the device some us after the call that queued it
- * (VCUDA_FAKE_SUBMIT_NS), as a driver's submission does.
+ * (VCUDA_FAKE_SUBMIT_NS), as a driver's submission does. Beside a busy
+ * neighbour, some of it reaches the device during that one's time slice
+ * (VCUDA_FAKE_SLICE_NS, VCUDA_FAKE_SLICE_PERCENT: neighbour_slice).
  *
  * A stream can wait for a 32-bit value in host memory (cuStreamWaitValue32,
  * GEQ only, on memory from cuMemHostAlloc or cuMemHostRegister): the work
@@ -376,13 +378,36 @@ static int64_t reaches_device(void)
     return now_ns() + latency;
 }
 
-/* Runs ns of work on s that reaches the device at now: once s and the device are both free. */
+/* With VCUDA_FAKE_SLICE_NS=NS, VCUDA_FAKE_SLICE_PERCENT (default 50) of the
+ * work this process runs reaches a device that another process holds for a
+ * time slice of NS, as beside a busy neighbour on a real GPU: what was
+ * queued before it, events too, is done, and it starts once the slice ends.
+ * The slice's length, or 0 for work that finds the device free. */
+static int64_t neighbour_slice(void)
+{
+    static int64_t slice = -1, percent, works;
+    if (slice < 0) {
+        slice = number_from_env("VCUDA_FAKE_SLICE_NS", 0);
+        percent = number_from_env("VCUDA_FAKE_SLICE_PERCENT", 50);
+    }
+    works++;
+    return works * percent / 100 != (works - 1) * percent / 100 ? slice : 0;
+}
+
+/* Runs ns of work on s that reaches the device at now: once s and the device
+ * are both free, and after another process's slice if one holds it. */
 static void run(struct stream *s, int64_t ns, int64_t now)
 {
-    int64_t start = ready_at(s);
+    int64_t start = ready_at(s), slice = neighbour_slice();
     struct fake_timeline *t = timeline_locked();
     int64_t begin = start > now ? start : now;
     begin = t->busy_until > begin ? t->busy_until : begin;
+    if (slice) {
+        t->kernel[t->next].start = begin;
+        t->kernel[t->next].end = begin += slice;
+        t->kernel[t->next].pid = 0;
+        t->next = (t->next + 1) % FAKE_INTERVALS;
+    }
     t->busy_until = s->tail = begin + ns;
     t->kernel[t->next].start = begin;
     t->kernel[t->next].end = begin + ns;
