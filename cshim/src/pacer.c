@@ -14,6 +14,7 @@ struct pacer_shared pacer = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
     .wake = PTHREAD_COND_INITIALIZER,
     .idle = PTHREAD_COND_INITIALIZER,
+    .held = PTHREAD_COND_INITIALIZER,
     .typical_ns = FIRST_GUESS_NS,
 };
 __thread struct thread_run thread_run;
@@ -268,6 +269,7 @@ void vc_pacer_forked(void)
     pthread_mutex_init(&pacer.lock, NULL);
     pthread_cond_init(&pacer.wake, NULL);
     pthread_cond_init(&pacer.idle, NULL);
+    pthread_cond_init(&pacer.held, NULL);
     memset(pacer.contexts, 0, sizeof pacer.contexts);
     memset(pacer.kernels, 0, sizeof pacer.kernels);
     memset(pacer.last_gpu_ns, 0, sizeof pacer.last_gpu_ns);
@@ -276,6 +278,6 @@ void vc_pacer_forked(void)
     pacer.last_stream = 0;
     thread_run.open = false;
     thread_run.filled = thread_run.launched = 0;
-    pacer.started = pacer.stopping = pacer.reading = pacer.forgot = false;
+    pacer.started = pacer.stopping = pacer.reading = pacer.forgot = pacer.watched = false;
     pacer.typical_ns = FIRST_GUESS_NS;
 }

@@ -105,12 +105,10 @@ static void join_run(struct vc_launch *l, const struct kernel *k, int64_t estima
 static void take_hold(struct vc_launch *l, struct record *r, int64_t now)
 {
     struct vc_pacer_context *c = l->context;
-    if (++c->held == 0)   /* 0 marks a launch that holds nothing */
-        c->held = 1;
-    c->held_at = now;
+    uint32_t next = c->held + 1;
+    pacer_hold(c, next ? next : 1, now);   /* 0 marks a launch that holds nothing */
     l->hold = c->held;
     r->held = true;
-    pthread_cond_signal(&pacer.wake);   /* to let it go, should the launch never return */
 }
 
 /* Whether launch l of kernel k is timed, and how; true when it takes a new

@@ -8,7 +8,9 @@
  *   pacer_kernels.c  each kernel's cost, learned from its timed launches;
  *   pacer_records.c  timing records: one launch, or a run of launches;
  *   pacer_thread.c   the thread that reads the records' events and charges
- *                    what each record's launches really took.
+ *                    what each record's launches really took;
+ *   pacer_watch.c    the thread that lets a held stream go when its holder
+ *                    does not.
  */
 #ifndef VC_PACER_STATE_H
 #define VC_PACER_STATE_H
@@ -151,11 +153,13 @@ struct pacer_shared {
     pthread_mutex_t lock;
     pthread_cond_t wake;                    /* work for the thread */
     pthread_cond_t idle;                    /* the thread stopped reading */
+    pthread_cond_t held;                    /* a stream was held: for the watch */
     struct vc_pacer_context contexts[MAX_CONTEXTS];
     struct kernel kernels[KERNELS];
     struct record records[RECORDS];
     uint32_t head, tail;                    /* records head..tail-1 are in use, in launch order */
     bool started, stopping, reading;
+    bool watched;                           /* the watch runs: streams may be held */
     bool forgot;                            /* a context went: the thread's one may be gone */
     int64_t typical_ns;                     /* the guess for a kernel not trusted yet */
     uint64_t last_stream;                   /* pacer_stream_key() of the process's last launch */
@@ -224,5 +228,10 @@ void pacer_close_locked(uint32_t seq, struct vc_pacer_context *context, enum rec
 
 /* pacer_thread.c */
 void pacer_start_thread(void);
+
+/* pacer_watch.c (lock held, but pacer_start_watch) */
+bool pacer_holding(const struct vc_pacer_context *c);
+void pacer_hold(struct vc_pacer_context *c, uint32_t value, int64_t now);
+bool pacer_start_watch(void);
 
 #endif

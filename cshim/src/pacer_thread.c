@@ -142,13 +142,17 @@ static int64_t since(CUevent ref, CUevent event)
 
 /* Outside the lock, before the context's launches hold streams: what a held
  * pair of events with nothing between takes on its own stream, the least of
- * PAIR_TRIES (0 if unknown). */
+ * PAIR_TRIES (0 if unknown). The watch lets the stream go should a driver
+ * call here wait for it. */
 static int64_t time_held_pair(struct vc_pacer_context *c, CUevent start, CUevent end)
 {
     uint32_t *flag = pacer_flag(c);
     int64_t least = 0;
     for (int i = 0; i < PAIR_TRIES; i++) {
         uint32_t value = __atomic_load_n(flag, __ATOMIC_ACQUIRE) + 1;
+        pthread_mutex_lock(&pacer.lock);
+        pacer_hold(c, value, vc_clock_ns());
+        pthread_mutex_unlock(&pacer.lock);
         bool queued = vc_real_cuStreamWaitValue32_v2(c->own, c->flag_at, value,
                                                      CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS
                       && vc_real_cuEventRecord(start, c->own) == CUDA_SUCCESS
@@ -186,7 +190,7 @@ static unsigned equip(struct vc_pacer_context *c, CUcontext *current, CUevent *m
     unsigned n = 0;
     while (n < want && vc_real_cuEventCreate(&made[n], CU_EVENT_DEFAULT) == CUDA_SUCCESS)
         n++;
-    if (fresh && c->flag_at && n >= 2)
+    if (fresh && c->flag_at && pacer.watched && n >= 2)
         c->pair_ns = time_held_pair(c, made[0], made[1]);
     return n;
 }
@@ -275,19 +279,9 @@ static bool stale(const struct record *r, int64_t now)
     return r->state == OPEN && r->launches && now > r->drained + RUN_STALE_NS;
 }
 
-/* Whether a stream of context c waits for a launch to let it go. */
-static bool holding(const struct vc_pacer_context *c)
-{
-    return c->holds && (int32_t)(c->held - __atomic_load_n(pacer_flag(c), __ATOMIC_ACQUIRE)) > 0;
-}
-
-/* A run open at the head keeps the thread looking, to give it up when stale;
- * so does a held stream, to let it go if its launch never returns. */
+/* A run open at the head keeps the thread looking, to give it up when stale. */
 static bool has_work(void)
 {
-    for (int i = 0; i < MAX_CONTEXTS; i++)
-        if (pacer.contexts[i].ctx && holding(&pacer.contexts[i]))
-            return true;
     return needy_context()
            || (pacer.head != pacer.tail && (pacer.records[pacer.head % RECORDS].state != OPEN
                                 || pacer.records[pacer.head % RECORDS].launches));
@@ -312,12 +306,6 @@ static void read_round(CUcontext *current)
     pacer.forgot = false;
     uint32_t first = pacer.head, n = 0;
     int64_t began = vc_clock_ns();
-    /* A stream its launching thread did not let go (a launch call that
-     * blocks, a thread stopped) is let go here: its timing is spoiled, not
-     * its work. */
-    for (int i = 0; i < nlive; i++)
-        if (holding(live[i]) && began - live[i]->held_at > HOLD_STALE_NS)
-            pacer_release(pacer_flag(live[i]), live[i]->held);
     bool fresh = needy && !needy->own;   /* equipped for the first time: its word too */
     for (; n < BATCH && first + n != pacer.tail; n++) {
         struct record *r = &pacer.records[(first + n) % RECORDS];
@@ -347,7 +335,7 @@ static void read_round(CUcontext *current)
     pthread_mutex_lock(&pacer.lock);
     pacer.reading = false;
     pthread_cond_broadcast(&pacer.idle);
-    if (fresh && needy->flag_at) {
+    if (fresh && needy->flag_at && pacer.watched) {
         /* Its launches wait for values past what the word holds. */
         needy->holds = true;
         needy->held = __atomic_load_n(pacer_flag(needy), __ATOMIC_ACQUIRE);
@@ -408,6 +396,7 @@ static void stop_at_exit(void)
     pthread_mutex_lock(&pacer.lock);
     pacer.stopping = true;
     pthread_cond_signal(&pacer.wake);
+    pthread_cond_signal(&pacer.held);
     while (pacer.reading)
         pthread_cond_wait(&pacer.idle, &pacer.lock);
     const struct pacer_tally *t = &pacer.tally;
@@ -435,6 +424,7 @@ void pacer_start_thread(void)
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_t thread;
     int rc = pthread_create(&thread, NULL, pacer_main, NULL);
+    pacer.watched = rc == 0 && pacer_start_watch();
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
         vc_log(VC_LOG_ERROR, "cannot start the pacing thread: launches are charged estimates "
@@ -443,4 +433,7 @@ void pacer_start_thread(void)
     }
     pthread_setname_np(thread, "vcuda-pacer");
     pthread_detach(thread);
+    if (!pacer.watched)
+        vc_log(VC_LOG_WARN, "cannot start the thread that lets held streams go: launches "
+               "are timed without holding their streams");
 }

@@ -676,24 +676,41 @@ static void launch_call_time(struct function *fn)
         ;
 }
 
+/* Whether stream h, or any stream, waits for a value (lock held). */
+static bool waits(CUstream h, bool per_thread_default, bool any)
+{
+    for (int i = 0; any && i < MAX_STREAMS; i++)
+        if (streams[i].alive && streams[i].wait)
+            return true;
+    struct stream *s = any ? NULL : stream_of(h, per_thread_default);
+    return s && s->wait;
+}
+
 /* With VCUDA_FAKE_HELD_BLOCKS=1, a launch call on a stream that waits for a
  * value returns only once the value is written, as a driver's does when the
- * stream's queue is full. */
-static void block_while_held(CUstream h, bool per_thread_default)
+ * stream's queue is full. With 2 it keeps the driver's lock meanwhile, so
+ * every other call of the process waits too, and cuStreamCreate does the
+ * same while any stream waits (any): on an H100 it spun under the lock until
+ * a held stream ran. */
+static void block_while_held(CUstream h, bool per_thread_default, bool any)
 {
-    static int blocks = -1;
+    static int64_t blocks = -1;
     if (blocks < 0)
-        blocks = number_from_env("VCUDA_FAKE_HELD_BLOCKS", 0) != 0;
-    while (blocks) {
-        pthread_mutex_lock(&lock);
+        blocks = number_from_env("VCUDA_FAKE_HELD_BLOCKS", 0);
+    if (!blocks || (any && blocks < 2))
+        return;
+    pthread_mutex_lock(&lock);
+    for (;;) {
         release_waits();
-        struct stream *s = stream_of(h, per_thread_default);
-        bool held = s && s->wait;
-        pthread_mutex_unlock(&lock);
-        if (!held)
-            return;
+        if (!waits(h, per_thread_default, any))
+            break;
+        if (blocks == 1)
+            pthread_mutex_unlock(&lock);
         nanosleep(&(struct timespec){0, 10000}, NULL);
+        if (blocks == 1)
+            pthread_mutex_lock(&lock);
     }
+    pthread_mutex_unlock(&lock);
 }
 
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -704,7 +721,7 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     if (r != CUDA_SUCCESS)
         return r;
     launch_call_time((struct function *)f);
-    block_while_held(s, per_thread);
+    block_while_held(s, per_thread, false);
     return submit(s, per_thread, ns);
 }
 
@@ -754,6 +771,7 @@ CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
         return r;
     if (!phStream || (Flags & ~CU_STREAM_NON_BLOCKING))
         return CUDA_ERROR_INVALID_VALUE;
+    block_while_held(NULL, false, true);
     pthread_mutex_lock(&lock);
     struct stream *s = FREE_ENTRY(streams);
     if (s)

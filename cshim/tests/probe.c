@@ -13,7 +13,7 @@
  *   mipmap W H LEVELS | vmm BYTES DEV | granularity | async BYTES | pool BYTES | hostpool BYTES
  *   freeasync N | sync | trim BYTES | pooldestroy | free N | fill BYTES
  *   fillwith COMMAND...  (repeats an allocation command until it fails)
- *   info | total DEV | nvml | wait | sleep MS | fork CMD;CMD... | hammer BYTES
+ *   info | total DEV | nvml | wait | sleep MS | fork CMD;CMD... | hammer BYTES|streams
  *   resolve | wrapped
  *   gcapture MODE BYTES free|keep | gnode BYTES | glaunch N | gupload N | gtrim | gmem
  *   ipcexport N | ipcopen HEX | bgcapture MODE | bgend
@@ -144,6 +144,7 @@ struct api {
     CUresult (*ModuleLoadData)(CUmodule *, const void *);
     CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
     CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
     CUresult (*EventCreate)(CUevent *, unsigned);
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventSynchronize)(CUevent);
@@ -235,6 +236,7 @@ static const struct binding bindings[] = {
     BIND(ModuleLoadData, "cuModuleLoadData", cuModuleLoadData, 2000),
     BIND(ModuleGetFunction, "cuModuleGetFunction", cuModuleGetFunction, 2000),
     BIND(StreamCreate, "cuStreamCreate", cuStreamCreate, 2000),
+    BIND(StreamDestroy, "cuStreamDestroy", cuStreamDestroy_v2, 4000),
     BIND(EventCreate, "cuEventCreate", cuEventCreate, 2000),
     BIND(EventRecord, "cuEventRecord", cuEventRecord, 2000),
     BIND(EventSynchronize, "cuEventSynchronize", cuEventSynchronize, 2000),
@@ -598,16 +600,21 @@ static void *bg_capture(void *unused)
 }
 
 static volatile bool hammering;
-static size_t hammer_bytes;
+static size_t hammer_bytes;   /* 0: streams */
 
-/* Allocates and frees in a loop, so a fork can land while a thread is inside the shim. */
+/* Allocates and frees (or creates and destroys streams) in a loop, so a fork
+ * can land while a thread is inside the shim, or a launch while another
+ * thread is inside the driver. */
 static void *hammer(void *context)
 {
     api.CtxSetCurrent(context);
     while (hammering) {
         CUdeviceptr p;
-        if (api.MemAlloc(&p, hammer_bytes) == CUDA_SUCCESS)
+        CUstream s;
+        if (hammer_bytes && api.MemAlloc(&p, hammer_bytes) == CUDA_SUCCESS)
             api.MemFree(p);
+        if (!hammer_bytes && api.StreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS)
+            api.StreamDestroy(s);
     }
     return NULL;
 }
@@ -1110,8 +1117,9 @@ static int step(char **cmd, int left)
         static pthread_t thread;
         CUcontext ctx = NULL;
         api.PrimaryCtxRetain(&ctx, current_device());
-        hammer_bytes = size_arg(a1);
-        hammering = hammer_bytes > 0;
+        bool streams = !strcmp(a1, "streams");
+        hammer_bytes = streams ? 0 : size_arg(a1);
+        hammering = streams || hammer_bytes > 0;
         if (hammering)
             pthread_create(&thread, NULL, hammer, ctx);
         else
