@@ -41,7 +41,7 @@
 #define RUN 32                  /* the most launches a run times with one pair of events */
 #define SAMPLE 8                /* a thread behind its device times one launch in this many */
 #define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
-#define HOLD_STALE_NS 1000000   /* a stream held this long is let go by the thread */
+#define HOLD_STALE_NS 1000000   /* a stream held this long is let go by the watch */
 #define PAIR_TRIES 8            /* held pairs of events timed to know what events take */
 #define HELD_PAIR_PERCENT 50    /* of that, taken off a held record: see charge_record() */
 #define RUN_STALE_NS 20000000   /* a run this long past its projected end is given up */

@@ -246,7 +246,7 @@ def test_a_stream_held_while_another_thread_waits_for_it_in_the_driver_is_let_go
     limited(gpu, 30)
     lines = gpu.lines(*LOAD, "hammer", "streams", "gaps", str(5 * US), "200", "300",
                       "hammer", "0", VCUDA_FAKE_HELD_BLOCKS="2")
-    assert lines[-2] == ["gaps", str(300 * 1000 // 200), lines[-2][2]], lines
+    assert lines[-2][:2] == ["gaps", str(300 * 1000 // 200)], lines
     assert lines[-1] == ["hammer", "off"], lines
 
 
