@@ -85,7 +85,7 @@ static void hold_stream(struct vc_launch *l)
     c->holds = c->holds && !cannot;
     pacer.records[l->record % RECORDS].held = false;
     pthread_mutex_unlock(&pacer.lock);
-    let_go(l);   /* its value: the pacing thread would wait to let it go */
+    let_go(l);   /* its value: the watch would wait a millisecond to let it go */
     if (first)
         vc_log(VC_LOG_WARN, "cannot hold a stream until its launch is on the device (CUDA error "
                "%d): small kernels are charged their way to the device too", (int)r);

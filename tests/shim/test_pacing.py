@@ -66,6 +66,11 @@ def pacing_tally(log: str) -> tuple[int, int, int, int, int, float, float]:
     return paced, alone, in_runs, untimed, waits, waited, up_front
 
 
+def charged_per_launch(gpu: FakeGpu, launches: int) -> float:
+    """The GPU time the account was charged, in ns a launch, on the one device."""
+    return account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+
+
 def concurrently(*runs: tuple[FakeGpu, tuple[str, ...]]) -> list[list[list[str]]]:
     """Runs probes at once (each with its GPU's limits); their outputs, split."""
     processes = [
@@ -185,7 +190,7 @@ def test_small_kernels_timed_in_runs_are_charged_their_own_time_not_the_events(
     result = gpu.run(*LOAD, *load("kernel", kernel_ns, 2500), VCUDA_FAKE_EVENT_NS=str(16 * US))
     words = result.stdout.splitlines()[-1].split()
     launches, got = int(words[2]), float(words[-1])
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     # The probe's own checkpoint (an event every 8 launches) costs 2 us a launch.
     assert kernel_ns <= charged <= 1.06 * kernel_ns, charged
     assert abs(got - 30) <= BAND, got
@@ -212,7 +217,7 @@ def test_launches_hold_their_streams_again_in_a_context_made_after_a_reset(gpu: 
     made = [line for line in lines if line[0] == "gaps"]
     assert [int(line[1]) for line in made] == [300 * 1000 // 200] * 2, lines
     launches = sum(int(line[1]) for line in made)
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
 
 
@@ -276,7 +281,7 @@ def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
     # and way to the device, or the 200 us from one launch to the next. Its
     # timed launches hold their stream until the call returned, so their
     # events time the kernel alone.
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
 
 
@@ -297,7 +302,7 @@ def test_a_kernel_that_mostly_waits_out_a_neighbours_time_slice_is_charged_its_o
     launches, slow = int(lines[-1][1]), int(lines[-1][2])
     assert launches == 1500
     assert slow <= launches // 100, slow
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     assert 5 * US <= charged <= 4 * 9 * US, charged
 
 
@@ -309,7 +314,7 @@ def test_a_held_launch_is_charged_its_kernel_and_half_its_events_moment(gpu: Fak
     limited(gpu, 30)
     result = gpu.run(*HELD_LOAD, **WAY_TO_DEVICE, VCUDA_FAKE_EVENT_NS=str(4 * US))
     launches = int(result.stdout.split()[-2])
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     assert 0.95 * 7 * US <= charged <= 7.75 * US, charged
 
 
@@ -327,7 +332,7 @@ def test_a_driver_that_cannot_hold_streams_gets_one_warning_and_launches_timed_u
     launches, slow = map(int, result.stdout.split()[-2:])
     assert launches == 1500 * 1000 // 200
     assert slow <= launches // 100, slow
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     assert charged > 2 * 5 * US, charged
 
 
@@ -339,7 +344,7 @@ def test_a_wait_that_fails_for_another_reason_leaves_later_launches_held(gpu: Fa
                      VCUDA_FAKE_WAIT_ERRORS="2", VCUDA_LOG_LEVEL="warn")
     assert CANNOT_HOLD not in result.stderr, result.stderr
     launches = int(result.stdout.split()[-2])
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
 
 
@@ -358,7 +363,7 @@ def test_a_thread_behind_its_device_times_one_launch_in_eight(gpu: FakeGpu) -> N
     # now and then, and the launches it then makes in a row queue: those go
     # in runs.
     assert alone > 0 and untimed >= 6 * alone, (alone, in_runs, untimed)
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
 
 
@@ -379,7 +384,7 @@ def test_a_memset_queued_before_each_launch_does_not_charge_the_idle_gap_before_
     # which run together; the run that ends such a burst still times the gap
     # up to its next launch's memset: 11-12 us a launch with two other busy
     # processes on this 2-core machine.
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     assert 5 * US <= charged <= 2 * 7 * US, charged
 
 
@@ -513,7 +518,7 @@ def test_a_kernel_every_50_us_using_40_percent_under_60_is_charged_its_own_time(
     limited(gpu, 60)
     lines = gpu.lines(*LOAD, "gaps", str(20 * US), "50", "1500")
     launches, slow = int(lines[-1][1]), int(lines[-1][2])
-    charged = account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
+    charged = charged_per_launch(gpu, launches)
     # The pacer before estimates set the charge charged it 30 us a launch; a
     # loaded machine delays a few events and deschedules a few launches.
     assert charged <= 1.35 * 20 * US, charged
