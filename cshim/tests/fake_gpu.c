@@ -659,6 +659,12 @@ static CUresult check_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz
     return CUDA_SUCCESS;
 }
 
+static void spin_ns(int64_t ns)
+{
+    for (int64_t until = now_ns() + ns; now_ns() < until;)
+        ;
+}
+
 /* The host's time in a launch call before its kernel reaches the device
  * (VCUDA_FAKE_LAUNCH_NS, default 0): the driver's own work, a thread
  * descheduled. A function's first launch call takes VCUDA_FAKE_FIRST_LAUNCH_NS
@@ -671,9 +677,18 @@ static void launch_call_time(struct function *fn)
         each = number_from_env("VCUDA_FAKE_LAUNCH_NS", 0);
         first = number_from_env("VCUDA_FAKE_FIRST_LAUNCH_NS", 0);
     }
-    int64_t ns = each + (__atomic_exchange_n(&fn->launched, true, __ATOMIC_RELAXED) ? 0 : first);
-    for (int64_t until = now_ns() + ns; now_ns() < until;)
-        ;
+    spin_ns(each + (__atomic_exchange_n(&fn->launched, true, __ATOMIC_RELAXED) ? 0 : first));
+}
+
+/* The host's time in a launch call after its kernel reached the device
+ * (VCUDA_FAKE_RETURN_NS, default 0): a thread descheduled once the driver
+ * pushed the kernel returns while the kernel runs, or after it ended. */
+static void return_time(void)
+{
+    static int64_t late = -1;
+    if (late < 0)
+        late = number_from_env("VCUDA_FAKE_RETURN_NS", 0);
+    spin_ns(late);
 }
 
 /* Whether stream h, or any stream, waits for a value (lock held). */
@@ -722,7 +737,9 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
         return r;
     launch_call_time((struct function *)f);
     block_while_held(s, per_thread, false);
-    return submit(s, per_thread, ns);
+    r = submit(s, per_thread, ns);
+    return_time();
+    return r;
 }
 
 static CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, void **params, bool per_thread)
