@@ -71,6 +71,12 @@ def charged_per_launch(gpu: FakeGpu, launches: int) -> float:
     return account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
 
 
+def assert_charged_its_5_us_kernel(gpu: FakeGpu, launches: int) -> None:
+    """A loop of 5 us kernels (HELD_LOAD's) was charged about its kernel's time a launch."""
+    charged = charged_per_launch(gpu, launches)
+    assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
+
+
 def concurrently(*runs: tuple[FakeGpu, tuple[str, ...]]) -> list[list[list[str]]]:
     """Runs probes at once (each with its GPU's limits); their outputs, split."""
     processes = [
@@ -217,8 +223,7 @@ def test_launches_hold_their_streams_again_in_a_context_made_after_a_reset(gpu: 
     made = [line for line in lines if line[0] == "gaps"]
     assert [int(line[1]) for line in made] == [300 * 1000 // 200] * 2, lines
     launches = sum(int(line[1]) for line in made)
-    charged = charged_per_launch(gpu, launches)
-    assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
+    assert_charged_its_5_us_kernel(gpu, launches)
 
 
 @pytest.mark.parametrize("blocks", ["1", "2"], ids=["call", "every-call"])
@@ -281,8 +286,7 @@ def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
     # and way to the device, or the 200 us from one launch to the next. Its
     # timed launches hold their stream until the call returned, so their
     # events time the kernel alone.
-    charged = charged_per_launch(gpu, launches)
-    assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
+    assert_charged_its_5_us_kernel(gpu, launches)
 
 
 def test_a_launch_call_that_returns_while_its_kernel_runs_teaches_no_shorter_time(
@@ -297,8 +301,7 @@ def test_a_launch_call_that_returns_while_its_kernel_runs_teaches_no_shorter_tim
     lines = gpu.lines(*HELD_LOAD, VCUDA_FAKE_RETURN_NS=str(4 * US))
     launches = int(lines[-1][1])
     assert launches >= 0.9 * 1500 * 1000 // 200, launches
-    charged = charged_per_launch(gpu, launches)
-    assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
+    assert_charged_its_5_us_kernel(gpu, launches)
 
 
 def test_a_kernel_that_mostly_waits_out_a_neighbours_time_slice_is_charged_its_own_time(
@@ -360,8 +363,7 @@ def test_a_wait_that_fails_for_another_reason_leaves_later_launches_held(gpu: Fa
                      VCUDA_FAKE_WAIT_ERRORS="2", VCUDA_LOG_LEVEL="warn")
     assert CANNOT_HOLD not in result.stderr, result.stderr
     launches = int(result.stdout.split()[-2])
-    charged = charged_per_launch(gpu, launches)
-    assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
+    assert_charged_its_5_us_kernel(gpu, launches)
 
 
 def test_a_thread_behind_its_device_times_one_launch_in_eight(gpu: FakeGpu) -> None:
@@ -379,8 +381,7 @@ def test_a_thread_behind_its_device_times_one_launch_in_eight(gpu: FakeGpu) -> N
     # now and then, and the launches it then makes in a row queue: those go
     # in runs.
     assert alone > 0 and untimed >= 6 * alone, (alone, in_runs, untimed)
-    charged = charged_per_launch(gpu, launches)
-    assert 0.9 * 5 * US <= charged <= 1.5 * 5 * US, charged
+    assert_charged_its_5_us_kernel(gpu, launches)
 
 
 def test_a_memset_queued_before_each_launch_does_not_charge_the_idle_gap_before_it(
