@@ -185,10 +185,11 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
     pacer_wait(l->device);
 
     pthread_mutex_lock(&pacer.lock);
-    struct kernel *k = pacer_claim_kernel(key, l->device);
+    int64_t now = vc_clock_ns();
+    struct kernel *k = pacer_claim_kernel(key, l->device, now);
     l->guessed = k->costs < TRUSTED;
     l->charged = pacer_up_front(k);
-    bool opened = pacer_plan_timing(l, k, waits, vc_clock_ns());
+    bool opened = pacer_plan_timing(l, k, waits, now);
     pacer.tally.up_front_ns += l->charged;
     pthread_mutex_unlock(&pacer.lock);
     pacer_charge(l->device, l->charged);

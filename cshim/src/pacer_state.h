@@ -24,7 +24,8 @@
 #include "pacer.h"
 
 #define MAX_CONTEXTS 8
-#define KERNELS 1024            /* estimates kept, direct-mapped by key */
+#define KERNELS 1024            /* estimates kept, by key */
+#define PROBE 16                /* the entries from a key's home where it may be kept */
 #define RECORDS 1024            /* timed launches not read yet, in launch order */
 #define EVENTS 1024             /* per context: one per record */
 #define EVENTS_LOW 64           /* the thread adds events to a context below this */
@@ -97,6 +98,7 @@ struct kernel {
     uint32_t costs;             /* timed launches charged */
     uint32_t passed;            /* launches in a row left untimed by a thread behind its device */
     int64_t cost;               /* what they were charged, lately (a moving average) */
+    int64_t launched;           /* its last launch (clock): the least recent makes room */
     struct vc_estimate estimate;
 };
 
@@ -201,7 +203,7 @@ static inline int64_t pacer_drains(int64_t drained, int64_t now, int64_t ns)
 
 /* pacer_kernels.c (lock held) */
 struct kernel *pacer_kernel(uint64_t key);
-struct kernel *pacer_claim_kernel(uint64_t key, int device);
+struct kernel *pacer_claim_kernel(uint64_t key, int device, int64_t now);
 int64_t pacer_estimate(const struct kernel *k);
 int64_t pacer_up_front(const struct kernel *k);
 int64_t pacer_cap(const struct kernel *k, int64_t percent);

@@ -21,6 +21,7 @@
  *   vmmretain N
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
  *   gaps NS EVERY_US MS | gapsmemset NS EVERY_US MS BYTES | gapslate NS EVERY_US MS
+ *   shapes NS COUNT ROUNDS
  *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
  * K, M or G suffix (powers of 1024).
@@ -61,6 +62,10 @@
  *             EVERY_US after the last one's call returned, as a loop that
  *             does its own work between launches (a slow call is never made
  *             up for with launches in a row, which would queue).
+ *   shapes    launches a spin kernel of NS in COUNT shapes (grid widths 1 to
+ *             COUNT: COUNT kernels to the shim) one after another, ROUNDS
+ *             times, on the default stream, synchronizing after each round, as
+ *             a training step launches its kernels; prints "shapes LAUNCHES".
  *   vmmfd     creates BYTES of VMM memory on DEV that can be exported as a
  *             POSIX file descriptor; vmmexport exports handle N so and prints
  *             "vmmexport RESULT PID FD"; vmmimport takes that descriptor from
@@ -819,6 +824,23 @@ static void gaps(uint64_t ns, int64_t every_ns, int64_t ms, size_t memset_bytes,
         out("gaps %ld %ld\n", launches, slow);
 }
 
+/* Launches spin for ns in count shapes, rounds times; prints the launches made. */
+static void shapes(uint64_t ns, unsigned count, int rounds)
+{
+    void *params[] = {&ns};
+    long launches = 0;
+    CUresult r = CUDA_SUCCESS;
+    for (int round = 0; r == CUDA_SUCCESS && round < rounds; round++) {
+        for (unsigned width = 1; r == CUDA_SUCCESS && width <= count; width++, launches++)
+            r = api.LaunchKernel(spin, width, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+        r = r != CUDA_SUCCESS ? r : api.CtxSynchronize();
+    }
+    if (r)
+        out("shapes %s\n", name(r));
+    else
+        out("shapes %ld\n", launches);
+}
+
 /* A stream waits for a value in host memory, written ms later: prints
  * whether an event behind the wait was done before the write, whether it is
  * once synchronized, and the ms that synchronization took. */
@@ -1282,6 +1304,10 @@ static int step(char **cmd, int left)
     }
     if (!strcmp(c, "gaps")) {
         gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3), 0, false);
+        return 4;
+    }
+    if (!strcmp(c, "shapes")) {
+        shapes(strtoull(a1, NULL, 10), (unsigned)atoi(a2), atoi(a3));
         return 4;
     }
     if (!strcmp(c, "gapslate")) {

@@ -304,6 +304,18 @@ def test_a_launch_call_that_returns_while_its_kernel_runs_teaches_no_shorter_tim
     assert_charged_its_5_us_kernel(gpu, launches)
 
 
+def test_each_of_the_many_kernels_of_a_training_step_is_learned_once(gpu: FakeGpu) -> None:
+    # A training step launches a hundred kernels or more, each once a step.
+    # Each kernel's cost is learned from its first timed launches; a kernel
+    # whose estimate made room for another's would be charged a guess and
+    # timed afresh every step, and learned again (or never).
+    limited(gpu, 30)
+    result = gpu.run(*LOAD, "shapes", str(10 * US), "300", "10", VCUDA_LOG_LEVEL="debug")
+    assert result.stdout.split()[-2:] == ["shapes", str(300 * 10)], result.stdout
+    learned = re.findall(r"kernel ([0-9a-f]{16}) costs", result.stderr)
+    assert len(learned) == len(set(learned)) == 300, (len(learned), len(set(learned)))
+
+
 def test_a_kernel_that_mostly_waits_out_a_neighbours_time_slice_is_charged_its_own_time(
     gpu: FakeGpu,
 ) -> None:
