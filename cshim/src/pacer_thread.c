@@ -53,16 +53,24 @@ static void charge_record(struct record *r, const struct reading *m)
      * the device 52-57% busy with none taken off, 62-67% with all of it. */
     int64_t end = m->end - (r->held ? c->pair_ns * HELD_PAIR_PERCENT / 100 : 0);
     int64_t from = start > c->covered ? start : c->covered;
-    int64_t cost = end > from ? end - from : 0;
+    int64_t took = end > from ? end - from : 0;
     int64_t launches = r->launches ? r->launches : 1;
-    if (m->end > c->covered)
-        c->covered = m->end;
     /* A late run, or a steady kernel that found its stream idle, is charged
      * no more than its kernels' estimates: past them the device idled. */
     int64_t cap = r->cap, estimated = pacer_over(r->estimated, RUN_OVER_PERCENT);
     if (r->late || (!queued && !r->mixed && k && k->estimate.steady))
         cap = cap < estimated ? cap : estimated;
-    cost = cost < cap ? cost : cap;
+    int64_t cost = took < cap ? took : cap;
+    /* The context is known busy as far as the record was charged: past its
+     * cap the time was not its kernels', and the records there are charged
+     * their own. A run's end event comes at its thread's next launch: in
+     * PyTorch a training step's forward pass leaves a run open on the main
+     * thread while the backward pass is launched on the same stream by a
+     * thread of its own, and the run's end spans the backward pass. Counted
+     * busy to there, the backward pass's records were charged nothing. */
+    int64_t reached = cost < took ? from + cost : m->end;
+    if (reached > c->covered)
+        c->covered = reached;
     /* A run of several kernels, or a late one, tells no one kernel's time:
      * it only corrects the bucket; nor does a small kernel's record that
      * found its stream idle, whose end event's moment and the device's

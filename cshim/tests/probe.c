@@ -21,7 +21,7 @@
  *   vmmretain N
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
  *   gaps NS EVERY_US MS | gapsmemset NS EVERY_US MS BYTES | gapslate NS EVERY_US MS
- *   shapes NS COUNT ROUNDS
+ *   shapes NS COUNT ROUNDS | handoff NS COUNT ROUNDS
  *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
  * K, M or G suffix (powers of 1024).
@@ -66,6 +66,11 @@
  *             COUNT: COUNT kernels to the shim) one after another, ROUNDS
  *             times, on the default stream, synchronizing after each round, as
  *             a training step launches its kernels; prints "shapes LAUNCHES".
+ *   handoff   this thread launches COUNT spin kernels of NS on the default
+ *             stream, then hands over to another thread, which launches COUNT
+ *             more there while this one waits (as a training step's forward
+ *             and backward passes do in PyTorch), ROUNDS times, without
+ *             synchronizing; prints "handoff LAUNCHES".
  *   vmmfd     creates BYTES of VMM memory on DEV that can be exported as a
  *             POSIX file descriptor; vmmexport exports handle N so and prints
  *             "vmmexport RESULT PID FD"; vmmimport takes that descriptor from
@@ -841,6 +846,52 @@ static void shapes(uint64_t ns, unsigned count, int rounds)
         out("shapes %ld\n", launches);
 }
 
+struct handoff {
+    CUcontext ctx;
+    uint64_t ns;
+    int count;
+    CUresult result;
+};
+
+/* Launches spin for ns count times on the default stream. */
+static CUresult launch_spins(uint64_t ns, int count)
+{
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; r == CUDA_SUCCESS && i < count; i++)
+        r = launch_spin(API_KERNEL, ns, NULL, NULL);
+    return r;
+}
+
+static void *handed_over(void *arg)
+{
+    struct handoff *h = arg;
+    h->result = api.CtxSetCurrent(h->ctx);
+    if (h->result == CUDA_SUCCESS)
+        h->result = launch_spins(h->ns, h->count);
+    return NULL;
+}
+
+/* Launches spin for ns count times here, then count times in a thread of its own, rounds times. */
+static void handoff(uint64_t ns, int count, int rounds)
+{
+    struct handoff h = {.ns = ns, .count = count};
+    CUresult r = api.PrimaryCtxRetain(&h.ctx, current_device());
+    long launches = 0;
+    for (int round = 0; r == CUDA_SUCCESS && round < rounds; round++, launches += 2L * count) {
+        pthread_t thread;
+        r = launch_spins(ns, count);
+        if (r == CUDA_SUCCESS && pthread_create(&thread, NULL, handed_over, &h) == 0) {
+            pthread_join(thread, NULL);
+            r = h.result;
+        }
+    }
+    r = r != CUDA_SUCCESS ? r : api.CtxSynchronize();
+    if (r)
+        out("handoff %s\n", name(r));
+    else
+        out("handoff %ld\n", launches);
+}
+
 /* A stream waits for a value in host memory, written ms later: prints
  * whether an event behind the wait was done before the write, whether it is
  * once synchronized, and the ms that synchronization took. */
@@ -1308,6 +1359,10 @@ static int step(char **cmd, int left)
     }
     if (!strcmp(c, "shapes")) {
         shapes(strtoull(a1, NULL, 10), (unsigned)atoi(a2), atoi(a3));
+        return 4;
+    }
+    if (!strcmp(c, "handoff")) {
+        handoff(strtoull(a1, NULL, 10), atoi(a2), atoi(a3));
         return 4;
     }
     if (!strcmp(c, "gapslate")) {

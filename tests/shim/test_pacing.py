@@ -316,6 +316,22 @@ def test_each_of_the_many_kernels_of_a_training_step_is_learned_once(gpu: FakeGp
     assert len(learned) == len(set(learned)) == 300, (len(learned), len(set(learned)))
 
 
+def test_kernels_that_two_threads_take_turns_to_launch_on_one_stream_are_all_charged(
+    gpu: FakeGpu,
+) -> None:
+    # As PyTorch launches a training step: the main thread its forward pass,
+    # a thread of its own the backward pass, on the same stream. The main
+    # thread's last run ends at its next launch, so its end event spans the
+    # other thread's kernels; taken as the context's busy time, it left them
+    # charged nothing (8-10 us a 20 us launch).
+    limited(gpu, 30)
+    lines = gpu.lines(*LOAD, "handoff", str(20 * US), "200", "20")
+    launches = int(lines[-1][1])
+    assert launches == 2 * 200 * 20
+    charged = charged_per_launch(gpu, launches)
+    assert 0.95 * 20 * US <= charged <= 1.2 * 20 * US, charged
+
+
 def test_a_kernel_that_mostly_waits_out_a_neighbours_time_slice_is_charged_its_own_time(
     gpu: FakeGpu,
 ) -> None:
