@@ -6,7 +6,7 @@
 
 #include "log.h"
 
-/* A key is kept in the first of the PROBE entries from its home that is
+/* A key is kept in the first of the HOME_SPAN entries from its home that is
  * free or its own. Entries are never freed, only taken over, so a key's
  * entries before its own are all taken. A training step launches some 90
  * kernels: kept in its home alone (and homes odd, as a key's lowest bit is
@@ -20,7 +20,7 @@ static struct kernel *entry(uint64_t key, unsigned i)
 
 struct kernel *pacer_kernel(uint64_t key)
 {
-    for (unsigned i = 0; i < PROBE && entry(key, i)->key; i++)
+    for (unsigned i = 0; i < HOME_SPAN && entry(key, i)->key; i++)
         if (entry(key, i)->key == key)
             return entry(key, i);
     return NULL;
@@ -29,7 +29,7 @@ struct kernel *pacer_kernel(uint64_t key)
 struct kernel *pacer_claim_kernel(uint64_t key, int device, int64_t now)
 {
     struct kernel *k = NULL;
-    for (unsigned i = 0; i < PROBE; i++) {
+    for (unsigned i = 0; i < HOME_SPAN; i++) {
         struct kernel *e = entry(key, i);
         if (e->key == key || !e->key) {
             k = e;

@@ -25,7 +25,7 @@
 
 #define MAX_CONTEXTS 8
 #define KERNELS 1024            /* estimates kept, by key */
-#define PROBE 16                /* the entries from a key's home where it may be kept */
+#define HOME_SPAN 16            /* the entries from a key's home where it may be kept */
 #define RECORDS 1024            /* timed launches not read yet, in launch order */
 #define EVENTS 1024             /* per context: one per record */
 #define EVENTS_LOW 64           /* the thread adds events to a context below this */

@@ -880,7 +880,9 @@ static void handoff(uint64_t ns, int count, int rounds)
     for (int round = 0; r == CUDA_SUCCESS && round < rounds; round++, launches += 2L * count) {
         pthread_t thread;
         r = launch_spins(ns, count);
-        if (r == CUDA_SUCCESS && pthread_create(&thread, NULL, handed_over, &h) == 0) {
+        if (r == CUDA_SUCCESS && pthread_create(&thread, NULL, handed_over, &h) != 0)
+            r = CUDA_ERROR_OPERATING_SYSTEM;
+        else if (r == CUDA_SUCCESS) {
             pthread_join(thread, NULL);
             r = h.result;
         }

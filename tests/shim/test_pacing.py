@@ -305,7 +305,7 @@ def test_a_launch_call_that_returns_while_its_kernel_runs_teaches_no_shorter_tim
 
 
 def test_each_of_the_many_kernels_of_a_training_step_is_learned_once(gpu: FakeGpu) -> None:
-    # A training step launches a hundred kernels or more, each once a step.
+    # A training step launches about a hundred kernels, each once a step.
     # Each kernel's cost is learned from its first timed launches; a kernel
     # whose estimate made room for another's would be charged a guess and
     # timed afresh every step, and learned again (or never).
@@ -323,7 +323,7 @@ def test_kernels_that_two_threads_take_turns_to_launch_on_one_stream_are_all_cha
     # a thread of its own the backward pass, on the same stream. The main
     # thread's last run ends at its next launch, so its end event spans the
     # other thread's kernels; taken as the context's busy time, it left them
-    # charged nothing (8-10 us a 20 us launch).
+    # charged nothing (7.5-9.6 us a 20 us launch).
     limited(gpu, 30)
     lines = gpu.lines(*LOAD, "handoff", str(20 * US), "200", "20")
     launches = int(lines[-1][1])
