@@ -26,21 +26,22 @@ struct kernel *pacer_kernel(uint64_t key)
     return NULL;
 }
 
+/* Where a new key goes: its first free entry, or, all taken, the least
+ * recently launched kernel's, whose launches in flight then find no entry. */
+static struct kernel *room_for(uint64_t key)
+{
+    struct kernel *k = entry(key, 0);
+    for (unsigned i = 0; i < HOME_SPAN && k->key; i++)
+        if (!entry(key, i)->key || entry(key, i)->launched < k->launched)
+            k = entry(key, i);
+    return k;
+}
+
 struct kernel *pacer_claim_kernel(uint64_t key, int device, int64_t now)
 {
-    struct kernel *k = NULL;
-    for (unsigned i = 0; i < HOME_SPAN; i++) {
-        struct kernel *e = entry(key, i);
-        if (e->key == key || !e->key) {
-            k = e;
-            break;
-        }
-        if (!k || e->launched < k->launched)
-            k = e;
-    }
-    if (k->key != key) {
-        /* All taken: the least recently launched kernel's estimate makes
-         * room; its launches in flight find no entry. */
+    struct kernel *k = pacer_kernel(key);
+    if (!k) {
+        k = room_for(key);
         memset(k, 0, sizeof *k);
         k->key = key;
         k->device = device;
