@@ -277,6 +277,7 @@ void vc_pacer_forked(void)
     memset(&pacer.tally, 0, sizeof pacer.tally);
     pacer.head = pacer.tail = pacer.read_lately = pacer.same_stream = 0;
     pacer.last_stream = 0;
+    pacer.slice_found = 0;
     thread_run.open = false;
     thread_run.filled = thread_run.launched = 0;
     pacer.started = pacer.stopping = pacer.reading = pacer.forgot = pacer.watched = false;

@@ -9,6 +9,8 @@
  *   pacer_records.c  timing records: one launch, or a run of launches;
  *   pacer_thread.c   the thread that reads the records' events and charges
  *                    what each record's launches really took;
+ *   pacer_slices.c   the time a context spent without the device, during
+ *                    other processes' time slices, which it is not charged;
  *   pacer_watch.c    the thread that lets a held stream go when its holder
  *                    does not.
  */
@@ -31,6 +33,8 @@
 #define EVENTS_LOW 64           /* the thread adds events to a context below this */
 #define EVENTS_BATCH 256
 #define REFS 4                  /* reference events per context, by generation */
+#define AWAYS 64                /* per context: the latest spans it spent away from the device */
+#define AWAY_MIN_NS 50000       /* a probe this late found the device away (see pacer_slices.c) */
 #define LANES 64                /* streams whose last launch end a context remembers */
 #define REBASE_NS 500000000LL   /* a new reference this often: float ms stay exact to 0.1 us */
 #define REF_SLOP_NS 30000       /* a reference must complete this soon to place launches */
@@ -50,6 +54,8 @@
 #define RUN_OVER_PERCENT 10     /* ... in a run, whose mean time strays less than one's */
 #define UNSTEADY_OVER_PERCENT 300 /* ... a kernel that is not steady: 4x its estimate */
 #define TICK_NS 1000000         /* the thread reads completed events this often */
+#define BESIDE_TICK_NS 250000   /* ... beside a busy neighbour, to see its slices sooner */
+#define BESIDE_NS 100000000     /* beside one: its slice found this lately */
 #define NAP_NS 20000000         /* a waiting launch looks at the bucket again this often */
 #define REPORT_NS 1000000000LL  /* the thread logs each device's share this often (info) */
 
@@ -65,6 +71,20 @@ struct ref {
 struct lane {
     uint64_t stream;            /* pacer_stream_key(); 0: none */
     int64_t end;                /* where its last timed launch ended on the timeline */
+};
+
+/* A span of a context's timeline. */
+struct span {
+    int64_t from, to;
+};
+
+/* The thread's event on a context's own stream that finds it away from the
+ * device (pacer_slices.c). */
+struct probe {
+    CUevent event;
+    bool pending;               /* recorded, not seen complete yet */
+    int64_t generation;         /* the reference it is placed against */
+    int64_t recorded;           /* vc_clock_ns() once its record call returned */
 };
 
 struct vc_pacer_context {
@@ -86,6 +106,9 @@ struct vc_pacer_context {
     int64_t complete;           /* the newest reference; -1: none yet */
     int64_t recorded_at;        /* when it was recorded */
     int64_t covered;            /* the context is known busy up to here on its timeline */
+    struct probe probe;
+    struct span away[AWAYS];    /* a ring, newest last: spans another process had the device */
+    uint32_t naway;             /* spans found */
     struct lane lanes[LANES];
     CUevent free[EVENTS];
 };
@@ -143,10 +166,11 @@ struct thread_run {
 
 /* What the pacer did in this process, logged at exit (info): how its
  * launches were timed, how long they waited, what they were charged up
- * front and how much the timed records corrected that. */
+ * front and how much the timed records corrected that, and the other
+ * processes' time slices it found. */
 struct pacer_tally {
-    uint64_t launches, alone, in_runs, untimed, waits;
-    int64_t waited_ns, up_front_ns, corrected_ns;
+    uint64_t launches, alone, in_runs, untimed, waits, slices;
+    int64_t waited_ns, up_front_ns, corrected_ns, away_ns;
 };
 
 /* Everything the pacer's files share, guarded by lock, which is never held
@@ -166,6 +190,7 @@ struct pacer_shared {
     int64_t typical_ns;                     /* the guess for a kernel not trusted yet */
     uint64_t last_stream;                   /* pacer_stream_key() of the process's last launch */
     uint32_t same_stream;                   /* launches in a row on it */
+    int64_t slice_found;                    /* the thread's: when it last found another process's slice */
     uint64_t last_gpu_ns[VC_MAX_DEVICES];   /* each device's GPU time at the last report */
     unsigned read_lately;                   /* launches read since the last report */
     struct pacer_tally tally;
@@ -230,6 +255,19 @@ void pacer_close_locked(uint32_t seq, struct vc_pacer_context *context, enum rec
 
 /* pacer_thread.c */
 void pacer_start_thread(void);
+/* The thread's, outside the lock: c's reference of generation, if it is
+ * still there (else NULL), and where on c's timeline an event completed by
+ * it (-1 if unknown), and a moment of the clock lies. */
+const struct ref *pacer_reference(const struct vc_pacer_context *c, int64_t generation);
+int64_t pacer_event_at(const struct ref *ref, CUevent event);
+static inline int64_t pacer_clock_at(const struct ref *ref, int64_t clock)
+{
+    return ref->offset + (clock - ref->recorded);
+}
+
+/* pacer_slices.c (the thread's, outside the lock but while it reads) */
+void pacer_probe(struct vc_pacer_context *c);
+int64_t pacer_away(struct vc_pacer_context *c, int64_t from, int64_t to);
 
 /* pacer_watch.c (lock held, but pacer_start_watch) */
 bool pacer_holding(const struct vc_pacer_context *c);

@@ -52,8 +52,9 @@ static void charge_record(struct record *r, const struct reading *m)
      * taken off, as NVML counts the rest busy: an elementwise loop at 60 kept
      * the device 52-57% busy with none taken off, 62-67% with all of it. */
     int64_t end = m->end - (r->held ? c->pair_ns * HELD_PAIR_PERCENT / 100 : 0);
+    /* Nor is it charged the spans another process had the device. */
     int64_t from = start > c->covered ? start : c->covered;
-    int64_t took = end > from ? end - from : 0;
+    int64_t took = end > from ? end - from - pacer_away(c, from, end) : 0;
     int64_t launches = r->launches ? r->launches : 1;
     /* A late run, or a steady kernel that found its stream idle, is charged
      * no more than its kernels' estimates: past them the device idled. */
@@ -88,7 +89,7 @@ static void charge_record(struct record *r, const struct reading *m)
      * is negligible). */
     bool from_call = !r->held && start == m->submitted && end - start < SMALL_NS;
     bool tells = k && !r->mixed && !r->late;
-    int64_t each = (end - start) / launches;
+    int64_t each = (end - start - pacer_away(c, start, end)) / launches;
     if (tells && !from_call && (queued || (k->cost >= SMALL_NS && each >= SMALL_NS)) && end > start)
         vc_estimate_add(&k->estimate, each, vc_clock_ns());
     if (tells)
@@ -153,6 +154,19 @@ static int64_t since(CUevent ref, CUevent event)
     return (int64_t)((double)ms * 1e6);
 }
 
+const struct ref *pacer_reference(const struct vc_pacer_context *c, int64_t generation)
+{
+    /* Still there if no more than REFS - 1 newer ones were recorded. */
+    return generation >= 0 && c->complete - generation < REFS - 1 ? &c->refs[generation % REFS]
+                                                                    : NULL;
+}
+
+int64_t pacer_event_at(const struct ref *ref, CUevent event)
+{
+    int64_t ns = since(ref->event, event);
+    return ns >= 0 ? ref->offset + ns : -1;
+}
+
 /* Outside the lock, before the context's launches hold streams: what a held
  * pair of events with nothing between takes on its own stream, the least of
  * PAIR_TRIES (0 if unknown). The watch lets the stream go should a driver
@@ -193,6 +207,8 @@ static unsigned equip(struct vc_pacer_context *c, CUcontext *current, CUevent *m
         c->broken = vc_real_cuStreamCreate(&c->own, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
         for (int i = 0; i < REFS && !c->broken; i++)
             c->broken = vc_real_cuEventCreate(&c->refs[i].event, CU_EVENT_DEFAULT) != CUDA_SUCCESS;
+        c->broken = c->broken
+                    || vc_real_cuEventCreate(&c->probe.event, CU_EVENT_DEFAULT) != CUDA_SUCCESS;
         c->complete = -1;
         if (!c->broken)
             make_flag(c);
@@ -247,16 +263,16 @@ static void read_record(const struct record *r, struct reading *m, CUcontext *cu
     if (q == CUDA_ERROR_NOT_READY)
         return;
     m->complete = true;
-    /* Its reference is still there if no more than REFS - 1 newer ones were recorded. */
-    if (q != CUDA_SUCCESS || r->generation < 0 || c->complete - r->generation >= REFS - 1)
+    const struct ref *ref = q == CUDA_SUCCESS ? pacer_reference(c, r->generation) : NULL;
+    if (!ref)
         return;
-    const struct ref *ref = &c->refs[r->generation % REFS];
-    int64_t end = since(ref->event, r->end), start = r->start ? since(ref->event, r->start) : -1;
+    int64_t end = pacer_event_at(ref, r->end);
+    int64_t start = r->start ? pacer_event_at(ref, r->start) : -1;
     if (end >= 0 && (!r->start || start >= 0)) {
         m->placed = true;
-        m->submitted = ref->offset + (r->submitted - ref->recorded);
-        m->start = r->start ? ref->offset + start : -1;
-        m->end = ref->offset + end;
+        m->submitted = pacer_clock_at(ref, r->submitted);
+        m->start = start;
+        m->end = end;
     }
 }
 
@@ -301,6 +317,7 @@ static bool has_work(void)
 }
 
 /* One round of the thread: equips a needy context, moves references on,
+ * probes for other processes' time slices while launches are in flight,
  * reads completed launches in launch order, charges them. Called with the
  * lock held; drops it while it calls the driver. */
 static void read_round(CUcontext *current)
@@ -318,6 +335,7 @@ static void read_round(CUcontext *current)
         *current = NULL;
     pacer.forgot = false;
     uint32_t first = pacer.head, n = 0;
+    bool timing = first != pacer.tail;   /* launches in flight: see pacer_slices.c */
     int64_t began = vc_clock_ns();
     bool fresh = needy && !needy->own;   /* equipped for the first time: its word too */
     for (; n < BATCH && first + n != pacer.tail; n++) {
@@ -333,8 +351,11 @@ static void read_round(CUcontext *current)
     unsigned nmade = needy ? equip(needy, current, made, want < EVENTS_BATCH ? want : EVENTS_BATCH)
                            : 0;
     int64_t now = vc_clock_ns();
-    for (int i = 0; i < nlive; i++)
+    for (int i = 0; i < nlive; i++) {
         advance_references(live[i], current, now);
+        if (timing && set_current(live[i]->ctx, current))
+            pacer_probe(live[i]);
+    }
     uint32_t done = 0;
     for (; done < n; done++) {
         const struct record *r = &pacer.records[(first + done) % RECORDS];
@@ -394,8 +415,9 @@ static void *pacer_main(void *unused)
         }
         read_round(&current);
         report(vc_clock_ns(), &last_report);
+        bool beside = vc_clock_ns() - pacer.slice_found < BESIDE_NS;
         pthread_mutex_unlock(&pacer.lock);
-        pacer_nap(TICK_NS);
+        pacer_nap(beside ? BESIDE_TICK_NS : TICK_NS);
         pthread_mutex_lock(&pacer.lock);
     }
     pthread_mutex_unlock(&pacer.lock);
@@ -415,10 +437,11 @@ static void stop_at_exit(void)
     const struct pacer_tally *t = &pacer.tally;
     vc_log(VC_LOG_INFO, "paced %llu launches (%llu timed alone, %llu in runs, %llu untimed); "
            "%llu waited for the bucket, %.3f s in all; charged %.3f s up front, corrected by "
-           "%+.3f s once timed", (unsigned long long)t->launches, (unsigned long long)t->alone,
+           "%+.3f s once timed; %llu time slices of other processes found, %.3f s in all",
+           (unsigned long long)t->launches, (unsigned long long)t->alone,
            (unsigned long long)t->in_runs, (unsigned long long)t->untimed,
            (unsigned long long)t->waits, (double)t->waited_ns / 1e9, (double)t->up_front_ns / 1e9,
-           (double)t->corrected_ns / 1e9);
+           (double)t->corrected_ns / 1e9, (unsigned long long)t->slices, (double)t->away_ns / 1e9);
     pthread_mutex_unlock(&pacer.lock);
 }
 

@@ -30,11 +30,11 @@
  * Capture follows the driver: a launch or graph launch into a capturing
  * stream adds a node instead of running; an event recorded into it marks
  * the stream's position in the capture (and is counted, for the tests:
- * fakeRecordsInCapture, as the others are: fakeEventRecords); the legacy
- * stream cannot be captured, and using it
- * while a blocking stream captures invalidates that capture. Querying or
- * synchronizing (streams, events, the context) from a thread whose capture
- * mode forbids it while a capture runs fails with
+ * fakeRecordsInCapture; fakeEventRecords counts the others that cost the
+ * device a moment, behind work or a wait); the legacy stream cannot be
+ * captured, and using it while a blocking stream captures invalidates that
+ * capture. Querying or synchronizing (streams, events, the context) from a
+ * thread whose capture mode forbids it while a capture runs fails with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures (as do
  * a pool's attribute query and trim: fake_cuda.c asks fake_unsafe_call).
  *
@@ -1083,11 +1083,11 @@ static CUresult event_record(CUevent hEvent, CUstream hStream, bool per_thread_d
         e->captured = true;
     } else {
         *e = (struct event){.alive = true, .recorded = true, .flags = e->flags, .time = HELD_AT};
+        records_run += s->wait || s->tail > now_ns();   /* it costs the device a moment */
         if (s->wait)
             r = hold_work(s, (struct held_work){.event = e});
         else
             place_event(e, s, reaches_device(), false);
-        records_run++;
     }
     pthread_mutex_unlock(&lock);
     return r;
