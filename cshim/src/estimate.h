@@ -20,13 +20,14 @@
 /* Samples after which a kernel may be steady. */
 #define VC_ESTIMATE_SETTLED 4
 
+/* What a launch reads comes first, the samples last: it reads fewer cache lines. */
 struct vc_estimate {
-    int64_t sample[VC_ESTIMATE_SAMPLES];   /* the latest samples, ns, in a ring */
+    int64_t ns;                            /* the estimate; valid once count > 0 */
     uint32_t count;                        /* samples taken (the ring holds the last ones) */
+    bool steady;                           /* most recent samples are close to it */
     uint32_t next;
     int64_t floor, floor_at;               /* the fastest sample lately, and when */
-    int64_t ns;                            /* the estimate; valid once count > 0 */
-    bool steady;                           /* most recent samples are close to it */
+    int64_t sample[VC_ESTIMATE_SAMPLES];   /* the latest samples, ns, in a ring */
 };
 
 /* Adds a sample of ns taken at now (ns, any clock) and updates the estimate. */

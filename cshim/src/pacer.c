@@ -182,7 +182,8 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
     int64_t *bucket = &vc_region()->bucket[l->device];
     bool waits = vc_bucket_wait(bucket, vc_clock_ns()) > 0;
     end_run_before(l, waits);
-    pacer_wait(l->device);
+    if (waits)
+        pacer_wait(l->device);
 
     pthread_mutex_lock(&pacer.lock);
     int64_t now = vc_clock_ns();

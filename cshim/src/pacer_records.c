@@ -162,9 +162,16 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
      * a kernel, and the others are charged what its timed launches were
      * lately (its estimate, the floor of its samples, would undercharge a
      * kernel whose time varies a little). A timed launch costs its thread
-     * two driver calls and its device a moment an event, paid in a
-     * launch-bound program's speed. */
-    bool passes = runs && behind && ++k->passed < SAMPLE;
+     * three driver calls (hold, start and end event: 6 us in all for a
+     * decoding kernel on an H100, where the rest of its pacing takes some
+     * 0.5 us) and its device a moment an event, paid in a launch-bound
+     * program's speed: one in SAMPLE cost decoding 0.7 us a launch. So once
+     * a kernel has KNOWN samples, one in KNOWN_SAMPLE is timed; not before,
+     * as what its launches are charged is still being learned then, from a
+     * start that can be far too high (records timed before the thread could
+     * hold streams time a small kernel's way to the device too). */
+    uint32_t sample = k->estimate.count < KNOWN ? SAMPLE : KNOWN_SAMPLE;
+    bool passes = runs && behind && ++k->passed < sample;
     if (passes)
         l->charged = k->cost;
     else

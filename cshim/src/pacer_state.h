@@ -45,6 +45,8 @@
 #define ONE_STREAM 64           /* ... when the process's last launches all went to one stream */
 #define RUN 32                  /* the most launches a run times with one pair of events */
 #define SAMPLE 8                /* a thread behind its device times one launch in this many */
+#define KNOWN 64                /* ... of a kernel with fewer samples, else one in KNOWN_SAMPLE */
+#define KNOWN_SAMPLE 32
 #define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
 #define HOLD_STALE_NS 1000000   /* a stream held this long is let go by the watch */
 #define PAIR_TRIES 8            /* held pairs of events timed to know what events take */
@@ -113,15 +115,16 @@ struct vc_pacer_context {
     CUevent free[EVENTS];
 };
 
+/* What each launch reads comes first, next to its estimate's figures. */
 struct kernel {
     uint64_t key;               /* 0: a free entry */
+    int64_t cost;               /* what its timed launches were charged, lately (a moving average) */
+    int64_t launched;           /* its last launch (clock): the least recent makes room */
+    uint32_t costs;             /* timed launches charged */
+    uint32_t passed;            /* launches in a row left untimed by a thread behind its device */
     int device;
     uint32_t untimed_guesses;   /* launches charged a guess and not timed: corrected */
     int64_t untimed_guess_ns;   /* once the cost is trusted */
-    uint32_t costs;             /* timed launches charged */
-    uint32_t passed;            /* launches in a row left untimed by a thread behind its device */
-    int64_t cost;               /* what they were charged, lately (a moving average) */
-    int64_t launched;           /* its last launch (clock): the least recent makes room */
     struct vc_estimate estimate;
 };
 
