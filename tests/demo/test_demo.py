@@ -197,8 +197,11 @@ def test_without_runc_the_check_fails_the_webhook_part_still_runs_and_the_demo_e
 def test_an_interrupted_demo_stops_the_webhook_removes_its_files_and_exits_130(
         tmp_path: Path, signum: signal.Signals) -> None:
     env = {**os.environ, "TMPDIR": str(_work(tmp_path))}
+    # As a terminal starts it: tests started in the background by a shell
+    # without job control inherit SIGINT ignored, and so would the demo.
     demo = subprocess.Popen([sys.executable, "-m", "demo"], cwd=REPO, env=env,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert demo.stdout is not None
     seen = []
     for line in demo.stdout:
