@@ -49,6 +49,7 @@
 #define KNOWN_SAMPLE 32
 #define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
 #define HOLD_STALE_NS 1000000   /* a stream held this long is let go by the watch */
+#define HOLDING_NS 100000000    /* streams held this lately: the watch looks, unasked */
 #define PAIR_TRIES 8            /* held pairs of events timed to know what events take */
 #define HELD_PAIR_PERCENT 50    /* of that, taken off a held record: see charge_record() */
 #define RUN_STALE_NS 20000000   /* a run this long past its projected end is given up */
@@ -189,6 +190,8 @@ struct pacer_shared {
     uint32_t head, tail;                    /* records head..tail-1 are in use, in launch order */
     bool started, stopping, reading;
     bool watched;                           /* the watch runs: streams may be held */
+    bool watch_asleep;                      /* the watch waits to be told of a hold */
+    int64_t last_hold;                      /* when a stream was last held */
     bool forgot;                            /* a context went: the thread's one may be gone */
     int64_t typical_ns;                     /* the guess for a kernel not trusted yet */
     uint64_t last_stream;                   /* pacer_stream_key() of the process's last launch */
