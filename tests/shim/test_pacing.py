@@ -427,7 +427,8 @@ def test_a_thread_behind_its_device_times_one_launch_in_eight_then_in_32(gpu: Fa
     # Each timed launch costs its thread three driver calls and its device a
     # moment an event: a launch-bound loop would pay for timing every launch
     # in its own speed. Once the kernel's cost is known, one in eight is
-    # timed, one in 32 once 64 were, and the others are charged that cost.
+    # timed, one in 32 once it has 64 samples, and the others are charged
+    # that cost.
     limited(gpu, 30)
     result = gpu.run(*HELD_LOAD, VCUDA_LOG_LEVEL="info")
     launches = int(result.stdout.splitlines()[-1].split()[1])
