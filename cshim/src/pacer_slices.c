@@ -41,13 +41,10 @@ static void add_span(struct vc_pacer_context *c, int64_t from, int64_t to)
 static void read_probe(struct vc_pacer_context *c)
 {
     struct probe *p = &c->probe;
-    if (!p->pending)
-        return;
-    CUresult q = vc_real_cuEventQuery(p->event);
-    if (q == CUDA_ERROR_NOT_READY)
+    const struct ref *ref;
+    if (!p->pending || !pacer_event_done(c, p->event, p->generation, &ref))
         return;
     p->pending = false;
-    const struct ref *ref = q == CUDA_SUCCESS ? pacer_reference(c, p->generation) : NULL;
     int64_t done = ref ? pacer_event_at(ref, p->event) : -1;
     if (done >= 0)
         add_span(c, pacer_clock_at(ref, p->recorded), done);

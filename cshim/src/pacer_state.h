@@ -261,10 +261,13 @@ void pacer_close_locked(uint32_t seq, struct vc_pacer_context *context, enum rec
 
 /* pacer_thread.c */
 void pacer_start_thread(void);
-/* The thread's, outside the lock: c's reference of generation, if it is
- * still there (else NULL), and where on c's timeline an event completed by
- * it (-1 if unknown), and a moment of the clock lies. */
-const struct ref *pacer_reference(const struct vc_pacer_context *c, int64_t generation);
+/* The thread's, outside the lock: whether event, placed against c's
+ * reference of generation, completed (then *ref is that reference, or NULL
+ * if the event failed or the reference is gone); where on c's timeline an
+ * event completed by a reference (-1 if unknown), and a moment of the
+ * clock, lie. */
+bool pacer_event_done(const struct vc_pacer_context *c, CUevent event, int64_t generation,
+                      const struct ref **ref);
 int64_t pacer_event_at(const struct ref *ref, CUevent event);
 static inline int64_t pacer_clock_at(const struct ref *ref, int64_t clock)
 {

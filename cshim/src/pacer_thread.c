@@ -123,10 +123,15 @@ static bool set_current(CUcontext ctx, CUcontext *current)
 
 /* Outside the lock: the context's flag, registered with it for the device
  * to read (a context that took the entry before may have left it
- * registered); none if it cannot be. */
+ * registered); none if it cannot be, or if no watch runs to let a held
+ * stream go: then its launches hold no streams. */
 static void make_flag(struct vc_pacer_context *c)
 {
     uint32_t *flag = pacer_flag(c);
+    if (!pacer.watched) {
+        c->flag_at = 0;
+        return;
+    }
     CUresult r = vc_real_cuMemHostRegister_v2(flag, FLAG_BYTES, CU_MEMHOSTREGISTER_DEVICEMAP);
     if ((r != CUDA_SUCCESS && r != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
         || vc_real_cuMemHostGetDevicePointer_v2(&c->flag_at, flag, 0) != CUDA_SUCCESS)
@@ -154,11 +159,17 @@ static int64_t since(CUevent ref, CUevent event)
     return (int64_t)((double)ms * 1e6);
 }
 
-const struct ref *pacer_reference(const struct vc_pacer_context *c, int64_t generation)
+bool pacer_event_done(const struct vc_pacer_context *c, CUevent event, int64_t generation,
+                      const struct ref **ref)
 {
-    /* Still there if no more than REFS - 1 newer ones were recorded. */
-    return generation >= 0 && c->complete - generation < REFS - 1 ? &c->refs[generation % REFS]
-                                                                    : NULL;
+    CUresult q = vc_real_cuEventQuery(event);
+    if (q == CUDA_ERROR_NOT_READY)
+        return false;
+    /* The reference is still there if no more than REFS - 1 newer ones were
+     * recorded. */
+    *ref = q == CUDA_SUCCESS && generation >= 0 && c->complete - generation < REFS - 1
+           ? &c->refs[generation % REFS] : NULL;
+    return true;
 }
 
 int64_t pacer_event_at(const struct ref *ref, CUevent event)
@@ -219,7 +230,7 @@ static unsigned equip(struct vc_pacer_context *c, CUcontext *current, CUevent *m
     unsigned n = 0;
     while (n < want && vc_real_cuEventCreate(&made[n], CU_EVENT_DEFAULT) == CUDA_SUCCESS)
         n++;
-    if (fresh && c->flag_at && pacer.watched && n >= 2)
+    if (fresh && c->flag_at && n >= 2)
         c->pair_ns = time_held_pair(c, made[0], made[1]);
     return n;
 }
@@ -257,13 +268,10 @@ static void read_record(const struct record *r, struct reading *m, CUcontext *cu
 {
     *m = (struct reading){.submitted = -1, .start = -1, .end = -1};
     struct vc_pacer_context *c = r->context;
-    if (!set_current(c->ctx, current))
-        return;
-    CUresult q = vc_real_cuEventQuery(r->end);
-    if (q == CUDA_ERROR_NOT_READY)
+    const struct ref *ref;
+    if (!set_current(c->ctx, current) || !pacer_event_done(c, r->end, r->generation, &ref))
         return;
     m->complete = true;
-    const struct ref *ref = q == CUDA_SUCCESS ? pacer_reference(c, r->generation) : NULL;
     if (!ref)
         return;
     int64_t end = pacer_event_at(ref, r->end);
@@ -369,7 +377,7 @@ static void read_round(CUcontext *current)
     pthread_mutex_lock(&pacer.lock);
     pacer.reading = false;
     pthread_cond_broadcast(&pacer.idle);
-    if (fresh && needy->flag_at && pacer.watched) {
+    if (fresh && needy->flag_at) {
         /* Its launches wait for values past what the word holds. */
         needy->holds = true;
         needy->held = __atomic_load_n(pacer_flag(needy), __ATOMIC_ACQUIRE);
