@@ -238,7 +238,7 @@ struct kernel *pacer_claim_kernel(uint64_t key, int device, int64_t now);
 int64_t pacer_estimate(const struct kernel *k);
 int64_t pacer_up_front(const struct kernel *k);
 int64_t pacer_cap(const struct kernel *k, int64_t percent);
-void pacer_learn_cost(struct kernel *k, int64_t cost);
+void pacer_learn_cost(struct kernel *k, int64_t cost, bool first_sample);
 void pacer_remember_guess(const struct vc_launch *l);
 
 /* Lets the streams waiting for values up to value go: the flag only moves

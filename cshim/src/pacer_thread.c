@@ -90,10 +90,12 @@ static void charge_record(struct record *r, const struct reading *m)
     bool from_call = !r->held && start == m->submitted && end - start < SMALL_NS;
     bool tells = k && !r->mixed && !r->late;
     int64_t each = (end - start - pacer_away(c, start, end)) / launches;
-    if (tells && !from_call && (queued || (k->cost >= SMALL_NS && each >= SMALL_NS)) && end > start)
+    bool sample = tells && !from_call && (queued || (k->cost >= SMALL_NS && each >= SMALL_NS))
+                  && end > start;
+    if (sample)
         vc_estimate_add(&k->estimate, each, vc_clock_ns());
     if (tells)
-        pacer_learn_cost(k, cost / launches);
+        pacer_learn_cost(k, cost / launches, sample && k->estimate.count == 1);
     pacer_charge(r->device, cost - r->charged);
     pacer.tally.corrected_ns += cost - r->charged;
     pacer.read_lately++;
