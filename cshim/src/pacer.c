@@ -184,10 +184,11 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
         return false;
 
     int64_t *bucket = &vc_region()->bucket[l->device];
-    bool waits = vc_bucket_wait(bucket, vc_clock_ns()) > 0;
+    int64_t wait = vc_bucket_wait(bucket, vc_clock_ns());
+    bool waits = wait > 0;
     end_run_before(l, waits);
     if (waits)
-        pacer_wait(l->device);
+        pacer_wait(l->device, wait);
 
     pthread_mutex_lock(&pacer.lock);
     int64_t now = vc_clock_ns();
@@ -270,27 +271,12 @@ void vc_pacer_before_fork(void) { pthread_mutex_lock(&pacer.lock); }
 
 void vc_pacer_after_fork_in_parent(void) { pthread_mutex_unlock(&pacer.lock); }
 
+/* The child runs one thread and none of the parent's contexts: its pacer starts afresh. */
 void vc_pacer_forked(void)
 {
-    pthread_mutexattr_t adaptive;
-    pthread_mutexattr_init(&adaptive);
-    pthread_mutexattr_settype(&adaptive, PTHREAD_MUTEX_ADAPTIVE_NP);
-    pthread_mutex_init(&pacer.lock, &adaptive);
-    pthread_mutexattr_destroy(&adaptive);
-    pthread_cond_init(&pacer.wake, NULL);
-    pthread_cond_init(&pacer.idle, NULL);
-    pthread_cond_init(&pacer.held, NULL);
-    memset(pacer.contexts, 0, sizeof pacer.contexts);
-    memset(pacer.kernels, 0, sizeof pacer.kernels);
-    memset(pacer.last_gpu_ns, 0, sizeof pacer.last_gpu_ns);
-    memset(&pacer.tally, 0, sizeof pacer.tally);
-    pacer.head = pacer.tail = pacer.read_lately = pacer.same_stream = 0;
-    pacer.last_stream = 0;
-    pacer.slice_found = 0;
-    thread_run.open = false;
-    thread_run.filled = thread_run.launched = 0;
-    pacer.started = pacer.stopping = pacer.reading = pacer.forgot = pacer.watched = false;
-    pacer.watch_asleep = false;
-    pacer.last_hold = 0;
+    memset(&pacer, 0, sizeof pacer);
+    pacer.lock = (pthread_mutex_t)PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
+    pacer.wake = pacer.idle = pacer.held = (pthread_cond_t)PTHREAD_COND_INITIALIZER;
     pacer.typical_ns = FIRST_GUESS_NS;
+    thread_run = (struct thread_run){0};
 }

@@ -20,18 +20,17 @@ void pacer_charge(int device, int64_t gpu_ns)
     __atomic_add_fetch(&r->gpu_ns[device], (uint64_t)gpu_ns, __ATOMIC_RELAXED);
 }
 
-/* Waits, holding no lock, until the device's bucket lets a launch through. */
-void pacer_wait(int device)
+/* Waits, holding no lock, for the wait ns the device's bucket asked of a
+ * launch, and until it lets the launch through. */
+void pacer_wait(int device, int64_t wait)
 {
     int64_t *bucket = &vc_region()->bucket[device];
-    int64_t wait, began = vc_clock_ns(), now = began;
-    if (vc_bucket_wait(bucket, now) <= 0)
-        return;
-    while ((wait = vc_bucket_wait(bucket, now)) > 0) {
+    int64_t began = vc_clock_ns(), now;
+    do {
         /* Other launches and corrections move the bucket meanwhile: look again now and then. */
         pacer_nap(wait < NAP_NS ? wait : NAP_NS);
         now = vc_clock_ns();
-    }
+    } while ((wait = vc_bucket_wait(bucket, now)) > 0);
     __atomic_add_fetch(&pacer.tally.waits, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&pacer.tally.waited_ns, now - began, __ATOMIC_RELAXED);
 }

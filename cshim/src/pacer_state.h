@@ -220,7 +220,7 @@ static inline uint32_t *pacer_flag(const struct vc_pacer_context *c)
 /* pacer_charge.c */
 void pacer_nap(int64_t ns);
 void pacer_charge(int device, int64_t gpu_ns);
-void pacer_wait(int device);
+void pacer_wait(int device, int64_t wait);
 
 /* ns and percent more: the most a launch is charged over an estimate. */
 static inline int64_t pacer_over(int64_t ns, int64_t percent) { return ns + ns * percent / 100; }
