@@ -46,7 +46,7 @@
 #define RUN 32                  /* the most launches a run times with one pair of events */
 #define SAMPLE 8                /* a thread behind its device times one launch in this many */
 #define KNOWN 64                /* ... of a kernel with fewer samples, else one in KNOWN_SAMPLE */
-#define KNOWN_SAMPLE 32
+#define KNOWN_SAMPLE 128
 #define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
 #define HOLD_STALE_NS 1000000   /* a stream held this long is let go by the watch */
 #define HOLDING_NS 100000000    /* streams held this lately: the watch looks, unasked */
