@@ -29,6 +29,7 @@ from tests.extender.cluster import (
 )
 from tests.fake_cluster_api import FakeClusterApi
 from tests.fake_kube_api import rules_from_manifests
+from tests.json_log import written_entries
 
 EXTENDER_ACCOUNT = "system:serviceaccount:vcuda-system:vcuda-scheduler"
 
@@ -41,8 +42,7 @@ def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def events(log: Path, name: str) -> list[dict]:
-    lines = [json.loads(line) for line in log.read_text().splitlines() if line]
-    return [line for line in lines if line["event"] == name]
+    return [entry for entry in written_entries(log) if entry["event"] == name]
 
 
 def get(extender: RunningExtender, path: str) -> tuple[int, str]:

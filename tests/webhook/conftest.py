@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 import pytest
 
+from tests.json_log import written_entries
 from webhook.config import Config
 from webhook.kube import Credentials
 from webhook.logs import make_logger
@@ -136,7 +137,7 @@ class RunningServer:
         """The JSON log lines, once ``until`` holds for them (lines may come late)."""
         deadline = time.monotonic() + seconds
         while True:
-            entries = [json.loads(line) for line in self.log_file.read_text().splitlines()]
+            entries = written_entries(self.log_file)
             if until(entries) or time.monotonic() > deadline:
                 return entries
             time.sleep(0.02)
