@@ -165,8 +165,8 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
      * three driver calls (hold, start and end event: 6 us in all for a
      * decoding kernel on an H100, where the rest of its pacing takes some
      * 0.4 us) and its device a moment an event, paid in a launch-bound
-     * program's speed: one in SAMPLE cost decoding 0.8 us a launch, one in
-     * 32 some 0.2 us of the 0.8-1.2 us a paced launch costs. So once
+     * program's speed: one in SAMPLE cost decoding 0.8 us a launch, and
+     * one in 32 some 0.1-0.4 us a launch more than one in 128. So once
      * a kernel has KNOWN samples, one in KNOWN_SAMPLE is timed; not before,
      * as what its launches are charged is still being learned then, from a
      * start that can be far too high (records timed before the thread could
