@@ -112,22 +112,21 @@ static void take_hold(struct vc_launch *l, struct record *r, int64_t now)
 }
 
 /* Whether launch l of kernel k is timed, and how; true when it takes a new
- * record. It sets l->charged for a launch it leaves untimed by choice. A
- * launch is timed by an event right behind it and, to know when its kernel
- * started, one right before it. But an event between two kernels of a stream
- * costs the device a moment (about 2 us on an H200, a sixth of a 12 us
+ * record. A launch is timed by an event right behind it and, to know when its
+ * kernel started, one right before it. But an event between two kernels of a
+ * stream costs the device a moment (about 2 us on an H200, a sixth of a 12 us
  * kernel), and a launch timed alone is charged that moment too. So a small
- * kernel goes without the event before it (its start is when the launch
- * before it on its stream ended, or its launch call's return if later); and
- * in a process that launches on one stream, a small kernel whose cost is
- * known opens a run that the launches right after it join (any kernel whose
- * cost is known), up to RUN, timed by one pair of events. A run's start
- * event matters: the device may be running another process's time slice
- * when it begins, and its kernels start only after that. One right behind a
- * full run has none: the full run's end event is its start. A thread that
- * launches slower than its kernels run opens no runs, and times only a
- * sample of its launches (below). Kernels on several streams are all timed,
- * to be on the timeline and count once where they overlap. */
+ * kernel goes without the event before it (its start is when the launch before
+ * it on its stream ended, or its launch call's return if later); and in a
+ * process that launches on one stream, a small kernel whose cost is known opens
+ * a run that the launches right after it join (any kernel whose cost is known),
+ * up to RUN, timed by one pair of events. A run's start event matters: the
+ * device may be running another process's time slice when it begins, and its
+ * kernels start only after that. One right behind a full run has none: the full
+ * run's end event is its start. A thread that launches slower than its kernels
+ * run opens no runs, and times only a sample of its launches (below). Kernels
+ * on several streams are all timed, to be on the timeline and count once where
+ * they overlap. */
 bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64_t now)
 {
     uint64_t stream = pacer_stream_key(l->stream, l->ptsz);
@@ -158,24 +157,27 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
      * memsets on the stream (unseen here), and an end event behind them would
      * time the idle gap before them too. */
     bool opens = runs && !behind;
-    /* Nor does it need each launch timed: it times one launch in SAMPLE of
-     * a kernel, and the others are charged what its timed launches were
-     * lately (its estimate, the floor of its samples, would undercharge a
-     * kernel whose time varies a little). A timed launch costs its thread
-     * three driver calls (hold, start and end event: 6 us in all for a
-     * decoding kernel on an H100, where the rest of its pacing takes some
-     * 0.4 us) and its device a moment an event, paid in a launch-bound
-     * program's speed: one in SAMPLE cost decoding 0.8 us a launch, and
-     * one in 32 some 0.1-0.4 us a launch more than one in 128. So once
-     * a kernel has KNOWN samples, one in KNOWN_SAMPLE is timed; not before,
-     * as what its launches are charged is still being learned then, from a
-     * start that can be far too high (records timed before the thread could
-     * hold streams time a small kernel's way to the device too). */
+    /* Nor does it need each launch timed: it times one launch in SAMPLE of a
+     * kernel, and the others keep their up-front charge, the kernel's estimate
+     * (or what its timed launches were charged lately, if lower): its own time,
+     * as such a launch finds its stream idle. Not what timed launches were
+     * charged, which holds the idle moments inside runs (a thread is behind its
+     * device only now and then) and half a held pair of events: an elementwise
+     * loop alone on an H100 was charged 8.7 us a launch where NVML counted it
+     * busy 8.5-8.6 and unlimited 7.9; charged its estimate, 8.0-8.2 us, it did
+     * 5-6% more work at 30 and 60. A timed launch costs its thread three driver
+     * calls (hold, start and end event: 6 us in all for a decoding kernel on an
+     * H100, where the rest of its pacing takes some 0.4 us) and its device a
+     * moment an event, paid in a launch-bound program's speed: one in SAMPLE
+     * cost decoding 0.8 us a launch, and one in 32 some 0.1-0.4 us a launch
+     * more than one in 128. So once a kernel has KNOWN samples, one in
+     * KNOWN_SAMPLE is timed; not before, as what its launches are charged is
+     * still being learned then, from a start that can be far too high (records
+     * timed before the thread could hold streams time a small kernel's way to
+     * the device too). */
     uint32_t sample = k->estimate.count < KNOWN ? SAMPLE : KNOWN_SAMPLE;
     bool passes = runs && behind && ++k->passed < sample;
-    if (passes)
-        l->charged = k->cost;
-    else
+    if (!passes)
         k->passed = 0;
     l->timed = !passes && take_record(l, k, !small || (runs && !follows), now);
     l->ends = !opens;
