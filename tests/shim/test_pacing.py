@@ -423,24 +423,25 @@ def test_a_wait_that_fails_for_another_reason_leaves_later_launches_held(gpu: Fa
     assert_charged_its_5_us_kernel(gpu, launches)
 
 
-def test_a_thread_behind_its_device_times_one_launch_in_eight_then_in_32(gpu: FakeGpu) -> None:
+def test_a_thread_behind_its_device_times_one_launch_in_eight_then_in_128(gpu: FakeGpu) -> None:
     # Each timed launch costs its thread three driver calls and its device a
     # moment an event: a launch-bound loop would pay for timing every launch
     # in its own speed. Once the kernel's cost is known, one in eight is
-    # timed, one in 32 once it has 64 samples, and the others are charged
-    # that cost.
+    # timed, one in 128 once it has 64 samples, and the others are charged
+    # the kernel's estimate.
     limited(gpu, 30)
     result = gpu.run(*HELD_LOAD, VCUDA_LOG_LEVEL="info")
     launches = int(result.stdout.splitlines()[-1].split()[1])
     paced, alone, in_runs, untimed, *_ = pacing_tally(result.stderr)
     assert paced == launches == alone + in_runs + untimed
-    # Of its 7,500 launches, some 64 + (7,500 - 8 * 64) / 32 = 282 are timed
-    # alone (fewer: one that finds no free event goes untimed too; a loaded
+    # Of its 7,500 launches, some 64 + (7,500 - 8 * 64) / 128 = 119 are
+    # timed alone once the kernel's cost is known, and some 60 while it is
+    # learned: 170-181 here, with 40-43 untimed launches to each (a loaded
     # machine deschedules the loop now and then, and the launches it then
-    # makes in a row queue and go in runs). One in eight all along would be
-    # some 940.
+    # makes in a row queue and go in runs). One in 32 would time some 340 in
+    # all, one in eight all along some 940.
     assert launches > 7000, launches
-    assert alone > 0 and untimed >= 20 * alone, (alone, in_runs, untimed)
+    assert alone > 0 and untimed >= 30 * alone, (alone, in_runs, untimed)
     assert_charged_its_5_us_kernel(gpu, launches)
 
 
