@@ -162,19 +162,18 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
      * (or what its timed launches were charged lately, if lower): its own time,
      * as such a launch finds its stream idle. Not what timed launches were
      * charged, which holds the idle moments inside runs (a thread is behind its
-     * device only now and then) and half a held pair of events: an elementwise
-     * loop alone on an H100 was charged 8.7 us a launch where NVML counted it
-     * busy 8.5-8.6 and unlimited 7.9; charged its estimate, 8.0-8.2 us, it did
-     * 5-6% more work at 30 and 60. A timed launch costs its thread three driver
-     * calls (hold, start and end event: 6 us in all for a decoding kernel on an
-     * H100, where the rest of its pacing takes some 0.4 us) and its device a
-     * moment an event, paid in a launch-bound program's speed: one in SAMPLE
-     * cost decoding 0.8 us a launch, and one in 32 some 0.1-0.4 us a launch
-     * more than one in 128. So once a kernel has KNOWN samples, one in
-     * KNOWN_SAMPLE is timed; not before, as what its launches are charged is
-     * still being learned then, from a start that can be far too high (records
-     * timed before the thread could hold streams time a small kernel's way to
-     * the device too). */
+     * device only now and then): an elementwise loop alone on an H100 was
+     * charged 8.7 us a launch where NVML counted it busy 8.5-8.6 and unlimited
+     * 7.9; charged its estimate, 8.0-8.2 us, it did 5-6% more work at 30 and
+     * 60. A timed launch costs its thread three driver calls (hold, start and
+     * end event: 6 us in all for a decoding kernel on an H100, where the rest
+     * of its pacing takes some 0.4 us) and its device a moment an event, paid
+     * in a launch-bound program's speed: one in SAMPLE cost decoding 0.8 us a
+     * launch, and one in 32 some 0.1-0.4 us a launch more than one in 128. So
+     * once a kernel has KNOWN samples, one in KNOWN_SAMPLE is timed; not
+     * before, as what its launches are charged is still being learned then,
+     * from a start that can be far too high (records timed before the thread
+     * could hold streams time a small kernel's way to the device too). */
     uint32_t sample = k->estimate.count < KNOWN ? SAMPLE : KNOWN_SAMPLE;
     bool passes = runs && behind && ++k->passed < sample;
     if (!passes)

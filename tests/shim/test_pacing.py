@@ -434,12 +434,12 @@ def test_a_thread_behind_its_device_times_one_launch_in_eight_then_in_128(gpu: F
     launches = int(result.stdout.splitlines()[-1].split()[1])
     paced, alone, in_runs, untimed, *_ = pacing_tally(result.stderr)
     assert paced == launches == alone + in_runs + untimed
-    # Of its 7,500 launches, some 64 + (7,500 - 8 * 64) / 128 = 119 are
-    # timed alone once the kernel's cost is known, and some 60 while it is
-    # learned: 170-181 here, with 40-43 untimed launches to each (a loaded
-    # machine deschedules the loop now and then, and the launches it then
-    # makes in a row queue and go in runs). One in 32 would time some 340 in
-    # all, one in eight all along some 940.
+    # Of its 7,500 launches, some 64 + (7,500 - 8 * 64) / 128 = 119 would be
+    # timed alone if each timed launch gave a sample; 170-181 are here, with
+    # 40-43 untimed launches to each (a loaded machine deschedules the loop
+    # now and then, and the launches it then makes in a row queue and go in
+    # runs). One in 32 would time some 340 in all, one in eight all along
+    # some 940.
     assert launches > 7000, launches
     assert alone > 0 and untimed >= 30 * alone, (alone, in_runs, untimed)
     assert_charged_its_5_us_kernel(gpu, launches)
