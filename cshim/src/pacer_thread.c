@@ -38,7 +38,7 @@ static void charge_record(struct record *r, const struct reading *m)
     struct kernel *k = pacer_kernel(r->key);
     struct lane *lane = &c->lanes[r->stream % LANES];
     int64_t start = m->submitted;
-    if (m->start > start || (r->held && m->start >= 0))
+    if (r->held || m->start > start)   /* a held record has a start event, placed */
         start = m->start;
     else if (m->start < 0 && lane->stream == r->stream && lane->end > start)
         start = lane->end;
