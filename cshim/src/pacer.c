@@ -120,8 +120,12 @@ static bool stream_idle(const struct vc_launch *l)
 /* Before launch l, which waits for the bucket if waits: ends this thread's
  * open run unless l joins it. A run waiting or done would time an idle
  * device. On l's stream its end event is recorded now, right behind its last
- * launch; a run on another stream (which may be gone by now) is given up: its
- * launches keep what they were charged up front. */
+ * launch, unless another thread's launches came behind that (the run was
+ * overtaken); a run on another stream (which may be gone by now) is given up:
+ * its launches keep what they were charged up front. A late run, one whose
+ * end event comes after its kernels ran, is charged no more than their
+ * estimates: an overtaken one, and one closed after its kernels should be
+ * done, on a stream that has run dry (it would span the idle time since). */
 static void end_run_before(const struct vc_launch *l, bool waits)
 {
     if (!thread_run.open)
@@ -136,15 +140,14 @@ static void end_run_before(const struct vc_launch *l, bool waits)
     if (r && !here)
         pacer_close_locked(thread_run.seq, thread_run.context, VOID);
     CUevent end = here && !keep ? r->end : NULL;
-    bool overdue = end && vc_clock_ns() > r->drained;
+    bool overtaken = end && r->overtaken;
+    bool overdue = end && !overtaken && vc_clock_ns() > r->drained;
     uint32_t seq = thread_run.seq;
     thread_run.open = keep;
     pthread_mutex_unlock(&pacer.lock);
     if (!end)
         return;
-    /* A run closed after its kernels should be done, on a stream that has
-     * run dry, gets its end event late: it would span the idle time since. */
-    bool late = overdue && stream_idle(l);
+    bool late = overtaken || (overdue && stream_idle(l));
     enum record_state state = record_event(end, l) == CUDA_SUCCESS ? ENDED : VOID;
     pthread_mutex_lock(&pacer.lock);
     if (r->seq == seq)

@@ -55,13 +55,30 @@ struct record *pacer_open_run(void)
 
 /* Whether launch l, on stream at now, of a kernel whose cost is trusted or
  * not, may join this thread's open run: the same context and stream, the run
- * not full, its kernels still queued (else the device may idle inside it),
- * and the kernel's cost known (one not trusted is timed alone, to learn it). */
+ * not full, its kernels still queued (else the device may idle inside it)
+ * and no other thread's behind them, and the kernel's cost known (one not
+ * trusted is timed alone, to learn it). */
 bool pacer_joins_run(const struct vc_launch *l, bool trusted, uint64_t stream, int64_t now)
 {
     const struct record *r = pacer_open_run();
     return r && trusted && thread_run.context == l->context && thread_run.stream == stream
-           && r->launches < RUN && now <= r->drained;
+           && r->launches < RUN && now <= r->drained && !r->overtaken;
+}
+
+/* Before a launch of this thread: the run the process's last launch went
+ * into, if another thread's and still open, has this launch behind it. Its
+ * end event comes at its own thread's next launch, behind this one's kernel
+ * and the device's idle time around it: in PyTorch the main thread's last
+ * run of a training step's forward pass spans the whole backward pass,
+ * launched by a thread of its own, and the backward thread's last run the
+ * optimizer's step and the next forward pass (lock held). */
+static void overtake_last_run(void)
+{
+    if (!pacer.last_in_run || (thread_run.open && thread_run.seq == pacer.last_run))
+        return;
+    struct record *r = &pacer.records[pacer.last_run % RECORDS];
+    if (r->seq == pacer.last_run && r->state == OPEN)
+        r->overtaken = true;
 }
 
 /* Opens a run with launch l of kernel k (lock held). */
@@ -143,9 +160,12 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     thread_run.drained = pacer_drains(here ? thread_run.drained : now, now, estimate);
     thread_run.launched = stream;
     pacer.tally.launches++;
+    overtake_last_run();
     if (pacer_joins_run(l, trusted, stream, now)) {
         join_run(l, k, estimate, now);
         pacer.tally.in_runs++;
+        pacer.last_in_run = true;
+        pacer.last_run = l->record;
         return false;
     }
     bool small = trusted && k->cost < SMALL_NS;
@@ -185,6 +205,8 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     pacer.tally.alone += l->timed && !opens;
     if (l->timed && opens)
         open_run_with(l, k, stream, now);
+    pacer.last_in_run = l->timed && opens;
+    pacer.last_run = l->record;
     struct record *alone = l->timed && !opens ? &pacer.records[l->record % RECORDS] : NULL;
     if (alone && alone->start && small && behind && l->context->holds)
         take_hold(l, alone, now);

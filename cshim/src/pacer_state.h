@@ -148,7 +148,8 @@ struct record {
     uint32_t launches;          /* it times; 0: a single launch, not a run */
     bool mixed;                 /* a run of several kernels: no one kernel's time */
     bool one_stream;            /* launched while the process launched on one stream */
-    bool late;                  /* a run whose stream had run dry when its end event was recorded */
+    bool late;                  /* a run whose end event came after its kernels ran (see pacer.c) */
+    bool overtaken;             /* a run behind which another thread's launch queued */
     bool held;                  /* its stream was held until its launch call returned */
     int64_t estimated;          /* its kernels' estimates added up */
     int64_t drained;            /* a run: when its launches' kernels should be done (clock) */
@@ -196,6 +197,8 @@ struct pacer_shared {
     int64_t typical_ns;                     /* the guess for a kernel not trusted yet */
     uint64_t last_stream;                   /* pacer_stream_key() of the process's last launch */
     uint32_t same_stream;                   /* launches in a row on it */
+    bool last_in_run;                       /* the process's last launch went into a run: */
+    uint32_t last_run;                      /* ... this one */
     int64_t slice_found;                    /* the thread's: when it last found another process's slice */
     uint64_t last_gpu_ns[VC_MAX_DEVICES];   /* each device's GPU time at the last report */
     unsigned read_lately;                   /* launches read since the last report */

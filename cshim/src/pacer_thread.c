@@ -60,7 +60,8 @@ static void charge_record(struct record *r, const struct reading *m)
     int64_t took = end > from ? end - from - pacer_away(c, from, end) : 0;
     int64_t launches = r->launches ? r->launches : 1;
     /* A late run, or a steady kernel that found its stream idle, is charged
-     * no more than its kernels' estimates: past them the device idled. */
+     * no more than its kernels' estimates: past them the device idled, or
+     * ran another thread's kernels, charged in their own records. */
     int64_t cap = r->cap, estimated = pacer_over(r->estimated, RUN_OVER_PERCENT);
     if (r->late || (!queued && !r->mixed && k && k->estimate.steady))
         cap = cap < estimated ? cap : estimated;
