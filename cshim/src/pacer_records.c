@@ -65,8 +65,8 @@ bool pacer_joins_run(const struct vc_launch *l, bool trusted, uint64_t stream, i
            && r->launches < RUN && now <= r->drained && !r->overtaken;
 }
 
-/* Before a launch of this thread: the run the process's last launch went
- * into, if another thread's and still open, has this launch behind it. Its
+/* Before a launch of this thread: the run a launch last opened or joined, if
+ * another thread's and still open, has this launch behind it. Its
  * end event comes at its own thread's next launch, behind this one's kernel
  * and the device's idle time around it: in PyTorch the main thread's last
  * run of a training step's forward pass spans the whole backward pass,
@@ -74,10 +74,11 @@ bool pacer_joins_run(const struct vc_launch *l, bool trusted, uint64_t stream, i
  * optimizer's step and the next forward pass (lock held). */
 static void overtake_last_run(void)
 {
-    if (!pacer.last_in_run || (thread_run.open && thread_run.seq == pacer.last_run))
-        return;
+    /* A thread's launch that does not join its run ends it first: a run
+     * still open took its own thread's latest launch. */
     struct record *r = &pacer.records[pacer.last_run % RECORDS];
-    if (r->seq == pacer.last_run && r->state == OPEN)
+    bool others = !thread_run.open || thread_run.seq != pacer.last_run;
+    if (others && r->seq == pacer.last_run && r->state == OPEN && r->launches)
         r->overtaken = true;
 }
 
@@ -93,6 +94,7 @@ static void open_run_with(struct vc_launch *l, const struct kernel *k, uint64_t 
     thread_run.seq = l->record;
     thread_run.context = l->context;
     thread_run.stream = stream;
+    pacer.last_run = l->record;
 }
 
 /* Launch l of kernel k, whose estimate is estimate, joins this thread's open
@@ -109,6 +111,7 @@ static void join_run(struct vc_launch *l, const struct kernel *k, int64_t estima
     l->timed = true;
     l->record = thread_run.seq;
     l->ends = r->launches == RUN;
+    pacer.last_run = thread_run.seq;
 }
 
 /* Launch l, timed alone by record r, holds its stream (lock held). A small
@@ -164,8 +167,6 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     if (pacer_joins_run(l, trusted, stream, now)) {
         join_run(l, k, estimate, now);
         pacer.tally.in_runs++;
-        pacer.last_in_run = true;
-        pacer.last_run = l->record;
         return false;
     }
     bool small = trusted && k->cost < SMALL_NS;
@@ -205,8 +206,6 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     pacer.tally.alone += l->timed && !opens;
     if (l->timed && opens)
         open_run_with(l, k, stream, now);
-    pacer.last_in_run = l->timed && opens;
-    pacer.last_run = l->record;
     struct record *alone = l->timed && !opens ? &pacer.records[l->record % RECORDS] : NULL;
     if (alone && alone->start && small && behind && l->context->holds)
         take_hold(l, alone, now);

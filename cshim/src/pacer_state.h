@@ -197,8 +197,7 @@ struct pacer_shared {
     int64_t typical_ns;                     /* the guess for a kernel not trusted yet */
     uint64_t last_stream;                   /* pacer_stream_key() of the process's last launch */
     uint32_t same_stream;                   /* launches in a row on it */
-    bool last_in_run;                       /* the process's last launch went into a run: */
-    uint32_t last_run;                      /* ... this one */
+    uint32_t last_run;                      /* the run a launch last opened or joined */
     int64_t slice_found;                    /* the thread's: when it last found another process's slice */
     uint64_t last_gpu_ns[VC_MAX_DEVICES];   /* each device's GPU time at the last report */
     unsigned read_lately;                   /* launches read since the last report */
