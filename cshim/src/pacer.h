@@ -30,6 +30,7 @@ struct vc_launch {
     bool timed;
     bool ends;            /* timed, and its record's end event goes right behind it */
     bool opened;          /* timed by a record it took, not by a run it joined */
+    bool check;           /* drawn to be timed alone (see pacer_learn_check) */
     uint32_t record;      /* its timing record (or run), when timed */
     uint32_t hold;        /* the value its stream waits for before its start event; 0: none */
     int device;           /* in the account */

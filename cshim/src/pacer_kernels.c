@@ -61,6 +61,8 @@ struct kernel *pacer_claim_kernel(uint64_t key, int device, int64_t now)
  * time. */
 int64_t pacer_estimate(const struct kernel *k)
 {
+    if (k->varies)
+        return k->checked;
     /* A record that gives a sample also teaches the cost: no sample, no lower figure. */
     return k->estimate.count && k->estimate.ns < k->cost ? k->estimate.ns : k->cost;
 }
@@ -77,10 +79,12 @@ int64_t pacer_up_front(const struct kernel *k)
  * much from launch to launch, but beside a busy neighbour most records of a
  * launch-bound program span that one's time slices, which is what makes its
  * kernels unsteady: 2.4 ms slices beside a training step, in records of 6 us
- * decoding kernels on an H100. A kernel with no sample yet: what was
- * measured. */
+ * decoding kernels on an H100. A kernel that varies, 4x what its launches
+ * take on average. A kernel with no sample yet: what was measured. */
 int64_t pacer_cap(const struct kernel *k, int64_t percent)
 {
+    if (k->varies)
+        return pacer_over(k->checked, UNSTEADY_OVER_PERCENT);
     if (k->estimate.steady)
         return pacer_over(k->estimate.ns, percent);
     return k->estimate.count ? pacer_over(k->estimate.ns, UNSTEADY_OVER_PERCENT)
@@ -108,6 +112,33 @@ void pacer_learn_cost(struct kernel *k, int64_t cost, bool first_sample)
         k->untimed_guesses = 0;
         k->untimed_guess_ns = 0;
     }
+}
+
+/* A launch of kernel k, chosen at random and timed alone from its start to
+ * its end, took each. The caps above, and what an untimed launch or a run
+ * that ends late is charged, rest on the estimate, near the kernel's fastest
+ * launches: right where a kernel takes about the same time at every launch.
+ * But one kernel of one shape can take 16x as long at one launch as at the
+ * next (a GEMM as its inner dimension says, a kernel that loops as its
+ * argument says); charged so, a process at 30 that launched such a kernel
+ * from one thread, or from two in turns, ran 58-94% busy on an H100. A
+ * kernel whose launches take on average far more than its estimate varies:
+ * each of its launches is timed alone and, away from a busy neighbour,
+ * charged all it took (an average charged to untimed launches would not do:
+ * a program could launch the long ones after a pause, when a thread's
+ * launches go untimed). Its estimate is then that average. */
+void pacer_learn_check(struct kernel *k, int64_t each)
+{
+    /* From the estimate: the first check weighs no more than the next. Some
+     * 2,000 launches either way: one drawn in CHECK, or all. */
+    int64_t was = k->checked ? k->checked : k->estimate.ns;
+    k->checked = was + (each - was) / (k->varies ? VARYING_WEIGHT : CHECK_WEIGHT);
+    bool varies = k->checked > pacer_over(k->estimate.ns, VARYING_PERCENT) + VARYING_SLACK_NS;
+    if (varies != k->varies)
+        vc_log(VC_LOG_DEBUG, "kernel %016llx %s: its launches take %lld ns, its estimate %lld",
+               (unsigned long long)k->key, varies ? "varies" : "is steady again",
+               (long long)k->checked, (long long)k->estimate.ns);
+    k->varies = varies;
 }
 
 /* The untimed launch l of a kernel not trusted yet is corrected once it is. */

@@ -4,6 +4,21 @@
 
 #include <pthread.h>
 
+#include "bucket.h"
+
+/* True once in n times, at random: which launches are timed alone must not
+ * be foreseeable, or a program could give those its short kernels
+ * (xorshift64, seeded by the clock). */
+bool pacer_one_in(uint32_t n)
+{
+    uint64_t x = pacer.draws ? pacer.draws : (uint64_t)vc_clock_ns() | 1;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    pacer.draws = x;
+    return x % n == 0;
+}
+
 /* The same key for the same stream: the per-thread default stream is a
  * stream of each thread, the legacy stream has two names. */
 uint64_t pacer_stream_key(CUstream stream, bool ptsz)
@@ -53,16 +68,26 @@ struct record *pacer_open_run(void)
     return thread_run.open ? r : NULL;
 }
 
-/* Whether launch l, on stream at now, of a kernel whose cost is trusted or
- * not, may join this thread's open run: the same context and stream, the run
- * not full, its kernels still queued (else the device may idle inside it)
- * and no other thread's behind them, and the kernel's cost known (one not
- * trusted is timed alone, to learn it). */
-bool pacer_joins_run(const struct vc_launch *l, bool trusted, uint64_t stream, int64_t now)
+/* Whether launch l of kernel k (NULL: unknown), on stream at now, may join
+ * this thread's open run: the same context and stream, the run not full, its
+ * kernels still queued (else the device may idle inside it) and no other
+ * thread's behind them, the kernel's cost known (one not trusted is timed
+ * alone, to learn it), and l not to be timed alone (pacer_alone()). */
+bool pacer_joins_run(const struct vc_launch *l, const struct kernel *k, uint64_t stream,
+                     int64_t now)
 {
     const struct record *r = pacer_open_run();
-    return r && trusted && thread_run.context == l->context && thread_run.stream == stream
+    return r && k && k->costs >= TRUSTED && !pacer_alone(l, k)
+           && thread_run.context == l->context && thread_run.stream == stream
            && r->launches < RUN && now <= r->drained && !r->overtaken;
+}
+
+/* Whether launch l of kernel k is timed alone, start to end, whatever run it
+ * could join: a check, or any launch of a kernel that varies
+ * (pacer_learn_check). */
+bool pacer_alone(const struct vc_launch *l, const struct kernel *k)
+{
+    return l->check || k->varies;
 }
 
 /* Before a launch of this thread: the run a launch last opened or joined, if
@@ -164,13 +189,13 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     thread_run.launched = stream;
     pacer.tally.launches++;
     overtake_last_run();
-    if (pacer_joins_run(l, trusted, stream, now)) {
+    if (pacer_joins_run(l, k, stream, now)) {
         join_run(l, k, estimate, now);
         pacer.tally.in_runs++;
         return false;
     }
-    bool small = trusted && k->cost < SMALL_NS;
-    bool runs = small && pacer.same_stream >= ONE_STREAM;
+    bool small = trusted && k->cost < SMALL_NS, alone_now = pacer_alone(l, k);
+    bool runs = small && pacer.same_stream >= ONE_STREAM && !alone_now;
     /* A thread whose stream ran dry before a launch it did not hold back for
      * the bucket is behind its device: its next launch would not come before
      * a run drained either. So the launch's end event goes right behind it,
@@ -194,12 +219,11 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
      * once a kernel has KNOWN samples, one in KNOWN_SAMPLE is timed; not
      * before, as what its launches are charged is still being learned then,
      * from a start that can be far too high (records timed before the thread
-     * could hold streams time a small kernel's way to the device too). */
+     * could hold streams time a small kernel's way to the device too). Which
+     * ones is drawn at random, as checks are (pacer_learn_check). */
     uint32_t sample = k->estimate.count < KNOWN ? SAMPLE : KNOWN_SAMPLE;
-    bool passes = runs && behind && ++k->passed < sample;
-    if (!passes)
-        k->passed = 0;
-    l->timed = !passes && take_record(l, k, !small || (runs && !follows), now);
+    bool passes = runs && behind && !pacer_one_in(sample);
+    l->timed = !passes && take_record(l, k, !small || alone_now || (runs && !follows), now);
     l->ends = !opens;
     pacer.tally.untimed += !l->timed;
     pacer.tally.in_runs += l->timed && opens;
@@ -207,8 +231,12 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     if (l->timed && opens)
         open_run_with(l, k, stream, now);
     struct record *alone = l->timed && !opens ? &pacer.records[l->record % RECORDS] : NULL;
-    if (alone && alone->start && small && behind && l->context->holds)
+    /* A check holds its stream too, whatever it follows, to time its kernel
+     * alone: the stream may have run dry behind launches left untimed. */
+    if (alone && alone->start && small && (behind || l->check) && l->context->holds)
         take_hold(l, alone, now);
+    if (alone)
+        alone->check = alone_now || !small;
     return l->timed;
 }
 

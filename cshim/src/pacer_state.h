@@ -47,6 +47,11 @@
 #define SAMPLE 8                /* a thread behind its device times one launch in this many */
 #define KNOWN 64                /* ... of a kernel with fewer samples, else one in KNOWN_SAMPLE */
 #define KNOWN_SAMPLE 128
+#define CHECK 128               /* one launch in this many, at random, is timed alone, start to end */
+#define CHECK_WEIGHT 16         /* each weighs 1 / this in what a kernel's launches take, */
+#define VARYING_WEIGHT 512      /* ... or 1 / this where all are timed (pacer_learn_check) */
+#define VARYING_PERCENT 25      /* a kernel whose launches take this much more than its */
+#define VARYING_SLACK_NS 2000   /* ... estimate, and this (an event's moment), varies */
 #define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
 #define HOLD_STALE_NS 1000000   /* a stream held this long is let go by the watch */
 #define HOLDING_NS 100000000    /* streams held this lately: the watch looks, unasked */
@@ -122,10 +127,11 @@ struct kernel {
     int64_t cost;               /* what its timed launches were charged, lately (a moving average) */
     int64_t launched;           /* its last launch (clock): the least recent makes room */
     uint32_t costs;             /* timed launches charged */
-    uint32_t passed;            /* launches in a row left untimed by a thread behind its device */
     int device;
     uint32_t untimed_guesses;   /* launches charged a guess and not timed: corrected */
     int64_t untimed_guess_ns;   /* once the cost is trusted */
+    int64_t checked;            /* what its launches timed alone took, lately (a moving average) */
+    bool varies;                /* ... far more than its estimate (pacer_learn_check) */
     struct vc_estimate estimate;
 };
 
@@ -151,6 +157,7 @@ struct record {
     bool late;                  /* a run whose end event came after its kernels ran (see pacer.c) */
     bool overtaken;             /* a run behind which another thread's launch queued */
     bool held;                  /* its stream was held until its launch call returned */
+    bool check;                 /* a launch drawn at random, or of a kernel timed at every launch */
     int64_t estimated;          /* its kernels' estimates added up */
     int64_t drained;            /* a run: when its launches' kernels should be done (clock) */
     enum record_state state;
@@ -199,6 +206,7 @@ struct pacer_shared {
     uint32_t same_stream;                   /* launches in a row on it */
     uint32_t last_run;                      /* the run a launch last opened or joined */
     int64_t slice_found;                    /* the thread's: when it last found another process's slice */
+    uint64_t draws;                         /* the state of pacer_one_in(); 0: not seeded */
     uint64_t last_gpu_ns[VC_MAX_DEVICES];   /* each device's GPU time at the last report */
     unsigned read_lately;                   /* launches read since the last report */
     struct pacer_tally tally;
@@ -224,6 +232,9 @@ void pacer_nap(int64_t ns);
 void pacer_charge(int device, int64_t gpu_ns);
 void pacer_wait(int device, int64_t wait);
 
+/* Whether the thread found another process's time slice lately (the thread's). */
+static inline bool pacer_beside(int64_t now) { return now - pacer.slice_found < BESIDE_NS; }
+
 /* ns and percent more: the most a launch is charged over an estimate. */
 static inline int64_t pacer_over(int64_t ns, int64_t percent) { return ns + ns * percent / 100; }
 
@@ -241,6 +252,7 @@ int64_t pacer_estimate(const struct kernel *k);
 int64_t pacer_up_front(const struct kernel *k);
 int64_t pacer_cap(const struct kernel *k, int64_t percent);
 void pacer_learn_cost(struct kernel *k, int64_t cost, bool first_sample);
+void pacer_learn_check(struct kernel *k, int64_t each);
 void pacer_remember_guess(const struct vc_launch *l);
 
 /* Lets the streams waiting for values up to value go: the flag only moves
@@ -255,9 +267,12 @@ static inline void pacer_release(uint32_t *flag, uint32_t value)
 }
 
 /* pacer_records.c (lock held) */
+bool pacer_one_in(uint32_t n);
+bool pacer_alone(const struct vc_launch *l, const struct kernel *k);
 uint64_t pacer_stream_key(CUstream stream, bool ptsz);
 struct record *pacer_open_run(void);
-bool pacer_joins_run(const struct vc_launch *l, bool trusted, uint64_t stream, int64_t now);
+bool pacer_joins_run(const struct vc_launch *l, const struct kernel *k, uint64_t stream,
+                     int64_t now);
 bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64_t now);
 void pacer_close_locked(uint32_t seq, struct vc_pacer_context *context, enum record_state state);
 

@@ -31,7 +31,9 @@ struct reading {
  * elementwise loop at 60 on an H100 to 6-7.5 us, where the rest took 8-9. It
  * is charged the busy time it added to its context (the union over its
  * streams), at most its cap (a little over the estimates of steady kernels):
- * what exceeds that ran while another process had the device. */
+ * what exceeds that ran while another process had the device. A kernel that
+ * varies is timed alone, start to end: away from a busy neighbour nothing
+ * else is in its record, and it is charged all of it (pacer_learn_check). */
 static void charge_record(struct record *r, const struct reading *m)
 {
     struct vc_pacer_context *c = r->context;
@@ -46,8 +48,9 @@ static void charge_record(struct record *r, const struct reading *m)
      * the stream's last one, and began as that one ended; else the stream was
      * idle, and its start event came some us before its kernel did, unless
      * the stream was held until the kernel was there too. */
-    bool queued = r->held || !r->one_stream || (lane->stream == r->stream
-                  && (m->start >= 0 ? m->start : m->submitted) <= lane->end + QUEUED_NS);
+    bool behind_last = lane->stream == r->stream
+                       && (m->start >= 0 ? m->start : m->submitted) <= lane->end + QUEUED_NS;
+    bool queued = r->held || !r->one_stream || behind_last;
     *lane = (struct lane){.stream = r->stream, .end = m->end};
     /* A held record's events run right around its kernel and take their own
      * moment on the device: a held pair with nothing between takes 1.2-1.3 us
@@ -62,8 +65,11 @@ static void charge_record(struct record *r, const struct reading *m)
     /* A late run, or a steady kernel that found its stream idle, is charged
      * no more than its kernels' estimates: past them the device idled, or
      * ran another thread's kernels, charged in their own records. */
+    bool beside = pacer_beside(vc_clock_ns()), varies = k && k->varies;
     int64_t cap = r->cap, estimated = pacer_over(r->estimated, RUN_OVER_PERCENT);
-    if (r->late || (!queued && !r->mixed && k && k->estimate.steady))
+    if (varies && !beside)
+        cap = INT64_MAX;
+    else if (r->late || (!queued && !r->mixed && k && k->estimate.steady && !varies))
         cap = cap < estimated ? cap : estimated;
     int64_t cost = took < cap ? took : cap;
     /* The context is known busy as far as the record was charged: past its
@@ -98,6 +104,15 @@ static void charge_record(struct record *r, const struct reading *m)
                   && end > start;
     if (sample)
         vc_estimate_add(&k->estimate, each, vc_clock_ns());
+    /* A check timed from its start to its end (its stream held, its start
+     * event behind the stream's last timed kernel, or its kernel large),
+     * away from a busy neighbour: what its kernel takes (pacer_learn_check).
+     * Not launches timed alone for other reasons: a thread behind its device
+     * times one at random, but only launches after a pause in its launching
+     * are behind. */
+    if (tells && r->check && (r->held || behind_last || each >= SMALL_NS) && !beside
+        && end > start && k->estimate.count >= VC_ESTIMATE_SETTLED)
+        pacer_learn_check(k, each);
     if (tells)
         pacer_learn_cost(k, cost / launches, sample && k->estimate.count == 1);
     pacer_charge(r->device, cost - r->charged);
@@ -429,7 +444,7 @@ static void *pacer_main(void *unused)
         }
         read_round(&current);
         report(vc_clock_ns(), &last_report);
-        bool beside = vc_clock_ns() - pacer.slice_found < BESIDE_NS;
+        bool beside = pacer_beside(vc_clock_ns());
         pthread_mutex_unlock(&pacer.lock);
         pacer_nap(beside ? BESIDE_TICK_NS : TICK_NS);
         pthread_mutex_lock(&pacer.lock);

@@ -21,7 +21,8 @@
  *   vmmretain N
  *   module | load API NS MS STREAMS THREADS | capture API NS COUNT | replay MS
  *   gaps NS EVERY_US MS | gapsmemset NS EVERY_US MS BYTES | gapslate NS EVERY_US MS
- *   shapes NS COUNT ROUNDS | handoff NS COUNT ROUNDS
+ *   shapes NS COUNT ROUNDS | handoff NS COUNT ROUNDS OTHER_NS GAP_US
+ *   varying NS COUNT ROUNDS OTHER_NS GAP_US
  *   badlaunch N | threads | records
  * N is the number an allocation or context command printed. Sizes take a
  * K, M or G suffix (powers of 1024).
@@ -67,10 +68,15 @@
  *             times, on the default stream, synchronizing after each round, as
  *             a training step launches its kernels; prints "shapes LAUNCHES".
  *   handoff   this thread launches COUNT spin kernels of NS on the default
- *             stream, then hands over to another thread, which launches COUNT
- *             more there while this one waits (as a training step's forward
- *             and backward passes do in PyTorch), ROUNDS times, without
- *             synchronizing; prints "handoff LAUNCHES".
+ *             stream, then hands over to a new thread, which launches COUNT
+ *             of OTHER_NS there while this one waits (as a training step's
+ *             forward and backward passes do in PyTorch), then spins GAP_US
+ *             on the host, ROUNDS times, without synchronizing; prints
+ *             "handoff LAUNCHES WALL_NS SHARE": the kernels' time over the
+ *             wall time until all completed, in percent. varying NS COUNT
+ *             ROUNDS OTHER_NS GAP_US: the same in this thread alone (one
+ *             kernel of one shape whose time depends on its argument, as a
+ *             GEMM's on its inner dimension).
  *   vmmfd     creates BYTES of VMM memory on DEV that can be exported as a
  *             POSIX file descriptor; vmmexport exports handle N so and prints
  *             "vmmexport RESULT PID FD"; vmmimport takes that descriptor from
@@ -871,27 +877,37 @@ static void *handed_over(void *arg)
     return NULL;
 }
 
-/* Launches spin for ns count times here, then count times in a thread of its own, rounds times. */
-static void handoff(uint64_t ns, int count, int rounds)
+/* Launches spin for ns count times here, then for other_ns count times in a
+ * new thread (here if !handing), then spins gap_ns on the host, rounds times. */
+static void handoff(const char *label, uint64_t ns, int count, int rounds, uint64_t other_ns,
+                    int64_t gap_ns, bool handing)
 {
-    struct handoff h = {.ns = ns, .count = count};
+    struct handoff h = {.ns = other_ns, .count = count};
     CUresult r = api.PrimaryCtxRetain(&h.ctx, current_device());
+    int64_t start = now_ns();
     long launches = 0;
     for (int round = 0; r == CUDA_SUCCESS && round < rounds; round++, launches += 2L * count) {
         pthread_t thread;
         r = launch_spins(ns, count);
-        if (r == CUDA_SUCCESS && pthread_create(&thread, NULL, handed_over, &h) != 0)
+        if (r == CUDA_SUCCESS && !handing) {
+            handed_over(&h);
+            r = h.result;
+        } else if (r == CUDA_SUCCESS && pthread_create(&thread, NULL, handed_over, &h) != 0) {
             r = CUDA_ERROR_OPERATING_SYSTEM;
-        else if (r == CUDA_SUCCESS) {
+        } else if (r == CUDA_SUCCESS) {
             pthread_join(thread, NULL);
             r = h.result;
         }
+        for (int64_t until = now_ns() + gap_ns; now_ns() < until;)
+            ;   /* sleeping would oversleep the gap */
     }
     r = r != CUDA_SUCCESS ? r : api.CtxSynchronize();
+    int64_t wall = now_ns() - start;
     if (r)
-        out("handoff %s\n", name(r));
+        out("%s %s\n", label, name(r));
     else
-        out("handoff %ld\n", launches);
+        out("%s %ld %lld %.2f\n", label, launches, (long long)wall,
+            100.0 * (double)rounds * count * (double)(ns + other_ns) / (double)wall);
 }
 
 /* A stream waits for a value in host memory, written ms later: prints
@@ -1363,9 +1379,11 @@ static int step(char **cmd, int left)
         shapes(strtoull(a1, NULL, 10), (unsigned)atoi(a2), atoi(a3));
         return 4;
     }
-    if (!strcmp(c, "handoff")) {
-        handoff(strtoull(a1, NULL, 10), atoi(a2), atoi(a3));
-        return 4;
+    if (!strcmp(c, "handoff") || !strcmp(c, "varying")) {
+        handoff(c, strtoull(a1, NULL, 10), atoi(a2), atoi(a3),
+                left > 4 ? strtoull(cmd[4], NULL, 10) : 0, left > 5 ? atoll(cmd[5]) * 1000 : 0,
+                !strcmp(c, "handoff"));
+        return 6;
     }
     if (!strcmp(c, "gapslate")) {
         gaps(strtoull(a1, NULL, 10), atoll(a2) * 1000, atoll(a3), 0, true);

@@ -150,6 +150,18 @@ def test_every_launch_call_is_paced_on_the_real_driver(api: str, mode: str) -> N
     assert_within((float(lines[-1][-1]),), 30)
 
 
+@pytest.mark.parametrize("command", ["varying", "handoff"])
+@pytest.mark.parametrize("gap_us", [0, 1000])
+def test_a_kernel_whose_time_depends_on_its_argument_gets_its_share_and_no_more(
+    command: str, gap_us: int
+) -> None:
+    # One kernel of one shape, 5 us at 50 launches and 80 us at the next 50,
+    # from one thread or two in turns: charged near its fastest launches, a
+    # process at 30 ran 61-90% busy.
+    lines = probe(command, "5000", "50", "400", "80000", str(gap_us))
+    assert_within((float(lines[-1][-1]),), 30)
+
+
 def test_a_capture_in_global_mode_is_unbroken_and_its_graph_replays_are_paced() -> None:
     lines = probe("load", "kernel", str(SPIN_NS), "300", "0", "1",
                   "capture", "kernel", "200000", "10", "sleep", "500", "replay", "1500")

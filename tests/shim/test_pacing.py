@@ -332,11 +332,40 @@ def test_kernels_that_two_threads_take_turns_to_launch_on_one_stream_are_all_cha
     # other thread's kernels; taken as the context's busy time, it left them
     # charged nothing (7.5-9.6 us a 20 us launch).
     limited(gpu, 30)
-    lines = gpu.lines(*LOAD, "handoff", str(20 * US), "200", "20")
+    lines = gpu.lines(*LOAD, "handoff", str(20 * US), "200", "20", str(20 * US), "0")
     launches = int(lines[-1][1])
     assert launches == 2 * 200 * 20
     charged = charged_per_launch(gpu, launches)
     assert 0.95 * 20 * US <= charged <= 1.2 * 20 * US, charged
+
+
+@pytest.mark.parametrize("command", ["varying", "handoff"])
+@pytest.mark.parametrize("gap_us", [0, 1000])
+def test_a_kernel_whose_time_depends_on_its_argument_gets_its_share_and_no_more(
+    gpu: FakeGpu, command: str, gap_us: int
+) -> None:
+    # One kernel of one shape, 5 us at 50 launches and 80 us at the next 50
+    # (as a GEMM takes as long as its inner dimension says), from one thread
+    # or two in turns, the host idle between rounds or not. Its runs and
+    # untimed launches were charged near its fastest launches: a process at
+    # 30 ran 61-90% busy on an H100, 74-99% here.
+    limited(gpu, 30)
+    lines = gpu.lines(*LOAD, command, str(5 * US), "50", "120", str(80 * US), str(gap_us))
+    assert abs(share(lines, command) - 30) <= BAND, lines[-1]
+
+
+def test_a_kernel_that_takes_the_same_time_at_every_launch_is_still_timed_in_runs(
+    gpu: FakeGpu,
+) -> None:
+    # Each kernel has one launch in 128 timed alone, to see whether its
+    # launches take what its estimate says; one that does keeps its runs
+    # (one pair of events for up to 32 launches), and its share.
+    limited(gpu, 30)
+    result = gpu.run(*LOAD, *load("kernel", 10 * US, 1000), VCUDA_LOG_LEVEL="info")
+    paced, alone, in_runs = pacing_tally(result.stderr)[:3]
+    assert alone <= paced // 64, (paced, alone, in_runs)
+    assert in_runs >= paced * 9 // 10, (paced, alone, in_runs)
+    assert abs(float(result.stdout.split()[-1]) - 30) <= BAND
 
 
 def test_a_kernel_that_mostly_waits_out_a_neighbours_time_slice_is_charged_its_own_time(
