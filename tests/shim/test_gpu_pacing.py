@@ -174,6 +174,15 @@ def charged_shares(log: str) -> list[float]:
     return [float(share) for share in re.findall(r"([\d.]+)% of the device's time charged", log)]
 
 
+def run_python(memory: str, cores: int, *arguments: str) -> subprocess.CompletedProcess[str]:
+    """This Python with arguments under vcuda-run with the limits; the shim logs at info."""
+    command = [sys.executable, "-m", "runtime_hook.run", "--memory", memory, "--cores",
+               str(cores), "--", sys.executable, *arguments]
+    return subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(REPO),
+                                            VCUDA_LOG_LEVEL="info"),
+                          capture_output=True, text=True, timeout=180, check=True)
+
+
 TORCH_GRAPH = """
 import time, torch
 a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -200,11 +209,7 @@ torch.cuda.synchronize()
 
 
 def test_pytorch_captures_cuda_graphs_unbroken_and_their_replays_are_paced() -> None:
-    command = [sys.executable, "-m", "runtime_hook.run", "--memory", "16Gi", "--cores", "30",
-               "--", sys.executable, "-c", TORCH_GRAPH]
-    result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(REPO),
-                                              VCUDA_LOG_LEVEL="info"),
-                            capture_output=True, text=True, timeout=180, check=True)
+    result = run_python("16Gi", 30, "-c", TORCH_GRAPH)
     print(result.stdout, result.stderr[-3000:])
     assert result.stdout.split() == ["equal", "True"]
     # The last full seconds are replays only.
@@ -226,13 +231,9 @@ def test_pytorch_training_is_held_to_its_share_and_charged_only_what_the_device_
     # must be charged what the device ran, not its share, or the limit itself
     # holds it under.
     pytest.importorskip("torch")
-    command = [sys.executable, "-m", "runtime_hook.run", "--memory", "24Gi", "--cores",
-               str(cores), "--", sys.executable, str(CSHIM / "bench" / "workloads.py"), "train",
-               "--warmup", "2", "--seconds", str(TRAIN_SECONDS)]
     for _ in range(TRAIN_PROCESSES):
-        result = subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(REPO),
-                                                  VCUDA_LOG_LEVEL="info"),
-                                capture_output=True, text=True, timeout=180, check=True)
+        result = run_python("24Gi", cores, str(CSHIM / "bench" / "workloads.py"), "train",
+                            "--warmup", "2", "--seconds", str(TRAIN_SECONDS))
         measured = json.loads(result.stdout)
         time.sleep(1)   # NVML's samples of the last second
         busy = busy_percent(measured["start"] + 0.5, measured["end"])
