@@ -72,22 +72,15 @@ struct record *pacer_open_run(void)
  * this thread's open run: the same context and stream, the run not full, its
  * kernels still queued (else the device may idle inside it) and no other
  * thread's behind them, the kernel's cost known (one not trusted is timed
- * alone, to learn it), and l not to be timed alone (pacer_alone()). */
+ * alone, to learn it), and l neither a check nor a launch of a kernel that
+ * varies: those are timed alone, start to end (pacer_learn_check). */
 bool pacer_joins_run(const struct vc_launch *l, const struct kernel *k, uint64_t stream,
                      int64_t now)
 {
     const struct record *r = pacer_open_run();
-    return r && k && k->costs >= TRUSTED && !pacer_alone(l, k)
+    return r && k && k->costs >= TRUSTED && !l->check && !k->varies
            && thread_run.context == l->context && thread_run.stream == stream
            && r->launches < RUN && now <= r->drained && !r->overtaken;
-}
-
-/* Whether launch l of kernel k is timed alone, start to end, whatever run it
- * could join: a check, or any launch of a kernel that varies
- * (pacer_learn_check). */
-bool pacer_alone(const struct vc_launch *l, const struct kernel *k)
-{
-    return l->check || k->varies;
 }
 
 /* Before a launch of this thread: the run a launch last opened or joined, if
@@ -194,8 +187,12 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
         pacer.tally.in_runs++;
         return false;
     }
-    bool small = trusted && k->cost < SMALL_NS, alone_now = pacer_alone(l, k);
-    bool runs = small && pacer.same_stream >= ONE_STREAM && !alone_now;
+    bool small = trusted && k->cost < SMALL_NS, one_stream = pacer.same_stream >= ONE_STREAM;
+    /* A thread behind its device on one stream times a random sample of its
+     * small launches (below), and the one drawn is its check. */
+    bool sampled = behind && small && one_stream;
+    bool alone_now = k->varies || (l->check && !sampled);
+    bool runs = small && one_stream && !alone_now;
     /* A thread whose stream ran dry before a launch it did not hold back for
      * the bucket is behind its device: its next launch would not come before
      * a run drained either. So the launch's end event goes right behind it,
@@ -220,7 +217,9 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
      * before, as what its launches are charged is still being learned then,
      * from a start that can be far too high (records timed before the thread
      * could hold streams time a small kernel's way to the device too). Which
-     * ones is drawn at random, as checks are (pacer_learn_check). */
+     * ones is drawn at random, and the one drawn is the launch's check
+     * (pacer_learn_check): a check drawn besides would double what timing
+     * costs a launch-bound thread. */
     uint32_t sample = k->estimate.count < KNOWN ? SAMPLE : KNOWN_SAMPLE;
     bool passes = runs && behind && !pacer_one_in(sample);
     l->timed = !passes && take_record(l, k, !small || alone_now || (runs && !follows), now);
@@ -236,7 +235,7 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     if (alone && alone->start && small && (behind || l->check) && l->context->holds)
         take_hold(l, alone, now);
     if (alone)
-        alone->check = alone_now || !small;
+        alone->check = alone_now || !small || sampled;
     return l->timed;
 }
 

@@ -268,7 +268,6 @@ static inline void pacer_release(uint32_t *flag, uint32_t value)
 
 /* pacer_records.c (lock held) */
 bool pacer_one_in(uint32_t n);
-bool pacer_alone(const struct vc_launch *l, const struct kernel *k);
 uint64_t pacer_stream_key(CUstream stream, bool ptsz);
 struct record *pacer_open_run(void);
 bool pacer_joins_run(const struct vc_launch *l, const struct kernel *k, uint64_t stream,

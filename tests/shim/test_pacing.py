@@ -368,6 +368,20 @@ def test_a_kernel_that_takes_the_same_time_at_every_launch_is_still_timed_in_run
     assert abs(float(result.stdout.split()[-1]) - 30) <= BAND
 
 
+def test_a_thread_behind_its_device_times_no_more_launches_alone_than_its_samples(
+    gpu: FakeGpu,
+) -> None:
+    # A launch-bound thread (decoding) times one launch in 128 at random, and
+    # that sample is also its check: a check drawn besides would double what
+    # its timing costs it (about 6 us of driver calls a timed launch on an
+    # H100), as the first form of checks did (1.7% of these launches).
+    limited(gpu, 30)
+    result = gpu.run(*LOAD, "gaps", str(5 * US), "50", "3000", VCUDA_LOG_LEVEL="info")
+    paced, alone = pacing_tally(result.stderr)[:2]
+    assert paced >= 3000 * 1000 // 50 * 9 // 10, paced
+    assert alone <= paced // 80, (paced, alone)
+
+
 def test_a_kernel_that_mostly_waits_out_a_neighbours_time_slice_is_charged_its_own_time(
     gpu: FakeGpu,
 ) -> None:
