@@ -189,7 +189,7 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     }
     bool small = trusted && k->cost < SMALL_NS, one_stream = pacer.same_stream >= ONE_STREAM;
     /* A thread behind its device on one stream times a random sample of its
-     * small launches (below), and the one drawn is its check. */
+     * small launches (below), and draws its checks among those. */
     bool sampled = behind && small && one_stream;
     bool alone_now = k->varies || (l->check && !sampled);
     bool runs = small && one_stream && !alone_now;
@@ -217,7 +217,8 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
      * before, as what its launches are charged is still being learned then,
      * from a start that can be far too high (records timed before the thread
      * could hold streams time a small kernel's way to the device too). Which
-     * ones is drawn at random, and the one drawn is the launch's check
+     * ones is drawn at random, and one in CHECK / sample of those is a check,
+     * so that a launch after a pause is a check at the odds of any other
      * (pacer_learn_check): a check drawn besides would double what timing
      * costs a launch-bound thread. */
     uint32_t sample = k->estimate.count < KNOWN ? SAMPLE : KNOWN_SAMPLE;
@@ -235,7 +236,7 @@ bool pacer_plan_timing(struct vc_launch *l, struct kernel *k, bool waited, int64
     if (alone && alone->start && small && (behind || l->check) && l->context->holds)
         take_hold(l, alone, now);
     if (alone)
-        alone->check = alone_now || !small || sampled;
+        alone->check = alone_now || !small || (sampled && pacer_one_in(CHECK / sample));
     return l->timed;
 }
 

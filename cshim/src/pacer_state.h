@@ -66,6 +66,8 @@
 #define BESIDE_NS 100000000     /* beside one: its slice found this lately */
 #define NAP_NS 20000000         /* a waiting launch looks at the bucket again this often */
 #define REPORT_NS 1000000000LL  /* the thread logs each device's share this often (info) */
+/* A thread behind its device draws its checks among its samples. */
+_Static_assert(CHECK % SAMPLE == 0 && CHECK % KNOWN_SAMPLE == 0, "CHECK / a sample rate");
 
 /* A reference event on the context's own stream, idle so it completes as soon
  * as it is recorded: a point of the context's timeline, and of the clock. */

@@ -107,9 +107,9 @@ static void charge_record(struct record *r, const struct reading *m)
     /* A check timed from its start to its end (its stream held, its start
      * event behind the stream's last timed kernel, or its kernel large),
      * away from a busy neighbour: what its kernel takes (pacer_learn_check).
-     * A thread behind its device draws no checks: the launch it times at
-     * random is its check, at the same odds once the kernel is known, so a
-     * program gains nothing by choosing which launches follow its pauses. */
+     * A thread behind its device draws its checks among the launches it
+     * times at random, at the same odds as any other launch, so a program
+     * gains nothing by choosing which launches follow its pauses. */
     if (tells && r->check && (r->held || behind_last || each >= SMALL_NS) && !beside
         && end > start && k->estimate.count >= VC_ESTIMATE_SETTLED)
         pacer_learn_check(k, each);
