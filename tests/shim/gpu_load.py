@@ -126,3 +126,8 @@ def busy_percent(start: float, end: float) -> float | None:
         pynvml.nvmlShutdown()
     values = [s.sampleValue.uiVal for s in samples if start * 1e6 <= s.timeStamp <= end * 1e6]
     return statistics.mean(values) if values else None
+
+
+def shown(percent: float | None) -> str:
+    """A percentage as the benchmarks print it: one decimal, or '-' where NVML gave none."""
+    return "-" if percent is None else f"{percent:.1f}"
