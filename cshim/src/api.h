@@ -19,6 +19,7 @@
 #undef cuDevicePrimaryCtxReset
 #undef cuGraphInstantiate
 #undef cuIpcOpenMemHandle
+#undef cuStreamBeginCapture
 /* CUDA 12.8 headers map this to _v2; the original, in every driver, does what the shim needs. */
 #undef cuEventElapsedTime
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "account.h"
+#include "capture.h"
 #include "devices.h"
 #include "driver.h"
 #include "log.h"
@@ -188,15 +189,6 @@ void vc_graphs_refresh(void)
     pthread_mutex_unlock(&vc_local_lock);
 }
 
-/* Whether stream captures: a graph launched there becomes a node, backed by nothing now. */
-static bool capturing(CUstream stream, bool ptsz)
-{
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult r = ptsz ? vc_real_cuStreamIsCapturing_ptsz(stream, &status)
-                      : vc_real_cuStreamIsCapturing(stream, &status);
-    return r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 /* Charges what backing part may add on its device: what it keeps, and what it
  * frees itself beyond the reservation that kept allocations do not hold. */
 static bool charge_part(struct vc_graph_part *part)
@@ -238,7 +230,8 @@ CUresult vc_graph_begin(struct vc_graph_op *op, CUgraphExec exec, CUstream strea
         *op = e->need;
     pthread_mutex_unlock(&vc_local_lock);
     op->exec = exec;
-    if (!op->nparts || capturing(stream, ptsz)) {
+    /* A graph launched into a capture becomes a node, backed by nothing now. */
+    if (!op->nparts || vc_capturing(stream, ptsz)) {
         op->nparts = 0;
         return CUDA_SUCCESS;
     }

@@ -35,6 +35,10 @@
 #define VC_LAUNCH_COOPERATIVE_ARGS                                                                 \
     (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream,    \
      kernelParams)
+#define VC_BEGIN_TO_GRAPH_PARAMS                                                                   \
+    (CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,                            \
+     const CUgraphEdgeData *dependencyData, size_t numDependencies, CUstreamCaptureMode mode)
+#define VC_BEGIN_TO_GRAPH_ARGS (hStream, hGraph, dependencies, dependencyData, numDependencies, mode)
 
 /* CU(name, params, args) for libcuda.so.1; NVML(name, params, args) for libnvidia-ml.so.1;
  * LAUNCH(name, params, args) for libcuda.so.1's kernel and graph launches. */
@@ -144,6 +148,15 @@
        (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize))                                   \
     CU(cuGraphExecDestroy, (CUgraphExec hGraphExec), (hGraphExec))                                  \
     CU(cuDeviceGraphMemTrim, (CUdevice device), (device))                                           \
+    CU(cuStreamBeginCapture, (CUstream hStream), (hStream))                                         \
+    CU(cuStreamBeginCapture_ptsz, (CUstream hStream), (hStream))                                    \
+    CU(cuStreamBeginCapture_v2, (CUstream hStream, CUstreamCaptureMode mode), (hStream, mode))      \
+    CU(cuStreamBeginCapture_v2_ptsz, (CUstream hStream, CUstreamCaptureMode mode),                  \
+       (hStream, mode))                                                                             \
+    CU(cuStreamBeginCaptureToGraph, VC_BEGIN_TO_GRAPH_PARAMS, VC_BEGIN_TO_GRAPH_ARGS)               \
+    CU(cuStreamBeginCaptureToGraph_ptsz, VC_BEGIN_TO_GRAPH_PARAMS, VC_BEGIN_TO_GRAPH_ARGS)          \
+    CU(cuStreamEndCapture, (CUstream hStream, CUgraph *phGraph), (hStream, phGraph))                \
+    CU(cuStreamEndCapture_ptsz, (CUstream hStream, CUgraph *phGraph), (hStream, phGraph))           \
     NVML(nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t *memory), (device, memory))    \
     NVML(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t device, nvmlMemory_v2_t *memory),                \
          (device, memory))                                                                          \

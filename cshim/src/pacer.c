@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bucket.h"
+#include "capture.h"
 #include "driver.h"
 #include "log.h"
 #include "setup.h"
@@ -163,10 +164,8 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
     /* A launch into a capturing stream is recorded in a graph, not run: the
      * graph's launches are paced instead. */
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult r = ptsz ? vc_real_cuStreamIsCapturing_ptsz(stream, &status)
-                      : vc_real_cuStreamIsCapturing(stream, &status);
     CUcontext ctx = NULL;
-    if (r != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
+    if (vc_capture_status(stream, ptsz, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
         || vc_real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
         return false;
     pthread_mutex_lock(&pacer.lock);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "account.h"
+#include "capture.h"
 #include "driver.h"
 #include "log.h"
 #include "memory.h"
@@ -39,17 +40,6 @@ static uint64_t attribute(CUmemoryPool pool, CUmemPool_attribute attr, bool *ok)
     *ok = vc_real_cuMemPoolGetAttribute(pool, attr, &value) == CUDA_SUCCESS;
     vc_real_cuThreadExchangeStreamCaptureMode(&mode);
     return value;
-}
-
-/* Whether stream is capturing: an allocation there becomes a node of the
- * graph, charged when the graph is launched (graphs.h), and takes nothing
- * from the pool now. */
-static bool capturing(CUstream stream, bool ptsz)
-{
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult r = ptsz ? vc_real_cuStreamIsCapturing_ptsz(stream, &status)
-                      : vc_real_cuStreamIsCapturing(stream, &status);
-    return r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* Needs vc_local_lock. */
@@ -95,14 +85,16 @@ static void forget(struct pool *p)
 }
 
 /* Charges what allocating bytes from pool (current: the current device's
- * current pool) on stream may add to the pool's reservation. */
+ * current pool) on stream may add to the pool's reservation. On a capturing
+ * stream it becomes a node of the graph, charged when the graph is launched
+ * (graphs.h), and takes nothing from the pool now. */
 static CUresult begin(struct vc_pool_op *op, CUmemoryPool pool, bool current, size_t bytes,
                       CUstream stream, bool ptsz)
 {
     *op = (struct vc_pool_op){NULL, pool, 0};
     CUdevice dev;
     if (vc_mode() != VC_ON || (!current && !pool) || vc_real_cuCtxGetDevice(&dev) != CUDA_SUCCESS
-        || capturing(stream, ptsz))
+        || vc_capturing(stream, ptsz))
         return CUDA_SUCCESS;
     if (current && vc_real_cuDeviceGetMemPool(&op->pool, dev) != CUDA_SUCCESS)
         return CUDA_SUCCESS;

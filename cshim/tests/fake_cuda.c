@@ -1424,6 +1424,8 @@ static const struct entry entries[] = {
     E("cuEventElapsedTime", 2000, cuEventElapsedTime),
     E("cuEventElapsedTime", 12080, cuEventElapsedTime_v2),
     E("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode),
+    E("cuStreamBeginCapture", 10000, cuStreamBeginCapture),
+    PT("cuStreamBeginCapture", 10000, cuStreamBeginCapture_ptsz),
     E("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2),
     PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2_ptsz),
     E("cuStreamEndCapture", 10000, cuStreamEndCapture),

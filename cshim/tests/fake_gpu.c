@@ -31,7 +31,8 @@
  * stream adds a node instead of running; an event recorded into it marks
  * the stream's position in the capture (and is counted, for the tests:
  * fakeRecordsInCapture; fakeEventRecords counts the others that cost the
- * device a moment, behind work or a wait); the legacy stream cannot be
+ * device a moment, behind work or a wait; fakeCaptureQueries counts
+ * cuStreamIsCapturing calls); the legacy stream cannot be
  * captured, and using it while a blocking stream captures invalidates that
  * capture. Querying or synchronizing (streams, events, the context) from a
  * thread whose capture mode forbids it while a capture runs fails with
@@ -136,7 +137,7 @@ static struct stream streams[MAX_STREAMS];
 static struct event events[MAX_EVENTS];
 static struct graph graphs[MAX_GRAPHS];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static unsigned long records_in_capture, records_run;
+static unsigned long records_in_capture, records_run, capture_queries;
 static CUdeviceptr next_graph_address = GRAPH_ADDRESSES;
 static __thread struct stream *per_thread;
 static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
@@ -182,7 +183,7 @@ void fake_gpu_forget(void)
     memset(events, 0, sizeof events);
     memset(graphs, 0, sizeof graphs);
     streams[0] = (struct stream){.alive = true, .blocking = true};
-    records_in_capture = records_run = 0;
+    records_in_capture = records_run = capture_queries = 0;
     next_graph_address = GRAPH_ADDRESSES;
     per_thread = NULL;
     pthread_mutex_unlock(&lock);
@@ -200,6 +201,14 @@ unsigned long fakeEventRecords(void)
 {
     pthread_mutex_lock(&lock);
     unsigned long n = records_run;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+unsigned long fakeCaptureQueries(void)
+{
+    pthread_mutex_lock(&lock);
+    unsigned long n = capture_queries;
     pthread_mutex_unlock(&lock);
     return n;
 }
@@ -1201,6 +1210,14 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool per_thr
 TWINS(cuStreamBeginCapture_v2, (CUstream hStream, CUstreamCaptureMode mode), begin_capture,
       hStream, mode)
 
+/* The CUDA 10.0 call: a capture in the global mode, the only one it had. */
+static CUresult begin_global_capture(CUstream h, bool per_thread_default)
+{
+    return begin_capture(h, CU_STREAM_CAPTURE_MODE_GLOBAL, per_thread_default);
+}
+
+TWINS(cuStreamBeginCapture, (CUstream hStream), begin_global_capture, hStream)
+
 static CUresult end_capture(CUstream h, CUgraph *phGraph, bool per_thread_default)
 {
     if (!phGraph)
@@ -1234,6 +1251,7 @@ static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status, bool per
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&lock);
+    capture_queries++;
     struct stream *s = stream_of(h, per_thread_default);
     CUresult r = CUDA_SUCCESS;
     if (!s)

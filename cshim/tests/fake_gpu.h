@@ -24,6 +24,7 @@ CUresult fake_graph_back(uint64_t transient, const CUdeviceptr *kept, const uint
 void fake_gpu_forget(void);            /* a new process: no streams, events, modules, graphs */
 unsigned long fakeRecordsInCapture(void);
 unsigned long fakeEventRecords(void);
+unsigned long fakeCaptureQueries(void);
 CUresult fake_unsafe_call(void);       /* a call the driver forbids in a capture (see fake_gpu.c) */
 /* A stream-ordered allocation (free) on stream h: *captured when the stream
  * captures it as a node (the allocation's address in *dptr). */
@@ -39,6 +40,10 @@ PER_THREAD(cuStreamWaitValue32_v2)(CUstream stream, CUdeviceptr addr, cuuint32_t
                                    unsigned int flags);
 PER_THREAD(cuMemsetD8Async)(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
 PER_THREAD(cuStreamBeginCapture_v2)(CUstream hStream, CUstreamCaptureMode mode);
+/* The CUDA 10.0 form, without a mode, which the driver still exports. */
+#undef cuStreamBeginCapture
+CUresult cuStreamBeginCapture(CUstream hStream);
+PER_THREAD(cuStreamBeginCapture)(CUstream hStream);
 PER_THREAD(cuStreamEndCapture)(CUstream hStream, CUgraph *phGraph);
 PER_THREAD(cuStreamIsCapturing)(CUstream hStream, CUstreamCaptureStatus *captureStatus);
 PER_THREAD(cuGraphLaunch)(CUgraphExec hGraphExec, CUstream hStream);

@@ -482,8 +482,8 @@ static void describe(void *fn, const char **lib, const char **sym)
 static void resolve_all(void)
 {
     static const char *const extra[] = {"cuMemFreeAsync", "cuStreamSynchronize", "cuCtxGetDevice"};
-    static const int versions[] = {2000, 3020, 4000, 7000, 10020, 11000, 11020, 11040, 12000,
-                                   12050, CUDA_VERSION};
+    static const int versions[] = {2000, 3020, 4000, 7000, 10000, 10020, 11000, 11020, 11040,
+                                   12000, 12050, CUDA_VERSION};
     static const cuuint64_t flavours[] = {CU_GET_PROC_ADDRESS_DEFAULT,
                                           CU_GET_PROC_ADDRESS_LEGACY_STREAM,
                                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
@@ -1397,6 +1397,11 @@ static int step(char **cmd, int left)
     if (!strcmp(c, "records")) {
         char counted[32];
         out("records %s\n", fake_count("fakeEventRecords", counted));
+        return 1;
+    }
+    if (!strcmp(c, "captureasks")) {
+        char counted[32];
+        out("captureasks %s\n", fake_count("fakeCaptureQueries", counted));
         return 1;
     }
     if (!strcmp(c, "threads")) {

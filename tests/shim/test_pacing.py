@@ -584,6 +584,25 @@ def test_a_capture_is_neither_paced_nor_recorded_into_and_its_replays_are_paced(
     assert abs(share(lines, "replay") - 30) <= BAND
 
 
+def test_launches_ask_the_driver_about_capture_only_while_a_capture_is_open(
+    gpu: FakeGpu,
+) -> None:
+    # Asked at every launch, the capture status was some 60 ns of a decoding
+    # loop's launch on an H100: the library asks only while one may be open.
+    limited(gpu, 30)
+    lines = gpu.lines(*LOAD, *load("kernel", 50 * US, 100), "captureasks",
+                      "bgcapture", "relaxed", *load("kernel", 50 * US, 100), "captureasks",
+                      "bgend", *load("kernel", 50 * US, 100), "captureasks")
+    loads = [line for line in lines if line[0] == "load"]
+    asks = [int(line[1]) for line in lines if line[0] == "captureasks"]
+    assert ["bgcapture", "CUDA_SUCCESS"] in lines and ["bgend", "CUDA_SUCCESS"] in lines
+    assert asks[0] == 0
+    # Each launch while another thread's capture is open asks once.
+    assert asks[1] >= int(loads[1][2])
+    assert asks[2] == asks[1]
+    assert all(abs(share([line]) - 30) <= BAND for line in loads[1:])
+
+
 def test_a_failed_launch_gives_its_charge_back_and_its_error_unchanged(gpu: FakeGpu) -> None:
     limited(gpu, 10)
     lines = gpu.lines(*LOAD, "badlaunch", "5000", *load("kernel", 1 * MS, 1000))

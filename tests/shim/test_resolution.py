@@ -34,7 +34,10 @@ def test_cuGetProcAddress_hands_out_the_wrapper_of_exactly_the_version_the_drive
         assert shimmed[key] == [result, expected_library, symbol], key
     # The table covers old and new versions, both stream flavours, and refusals.
     assert {"cuMemAlloc_v2", "cuMemAllocAsync_ptsz", "cuCtxCreate_v2", "cuCtxCreate_v4",
-            "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuGraphLaunch_ptsz"} <= {
+            "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuGraphLaunch_ptsz",
+            # Every way a capture begins or ends: launches ask about capture only then.
+            "cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2",
+            "cuStreamBeginCapture_v2_ptsz", "cuStreamEndCapture", "cuStreamEndCapture_ptsz"} <= {
         symbol for _, library, symbol in shimmed.values() if library == "libvcuda.so"
     }
     assert ["CUDA_ERROR_NOT_FOUND", "-", "-"] in shimmed.values()
