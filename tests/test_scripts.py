@@ -17,6 +17,9 @@ FLAGS = [
     ("bench-webhook", "--seconds"),
     ("bench-webhook", "--rate"),
     ("bench-webhook-memory", "--hold"),
+    ("bench-under-share", "--window"),
+    ("bench-under-share", "--warmup"),
+    ("bench-under-share", "--timeout"),
     ("bench-workloads", "--seconds"),
     ("bench-workloads", "--warmup"),
     ("bench-workloads", "--timeout"),
@@ -38,11 +41,32 @@ def test_a_number_flag_of_a_script_refuses_nan_inf_and_negatives(
     assert result.stdout == ""
 
 
+COUNTS = [
+    ("bench-workloads", "--pairs"),
+    ("bench-workloads", "--rounds"),
+    ("bench-under-share", "--pairs"),
+    ("bench-under-share", "--windows"),
+]
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "1.5", "many"])
-@pytest.mark.parametrize("flag", ["--pairs", "--rounds"])
-def test_a_count_of_runs_is_a_whole_number_of_at_least_one(flag: str, value: str) -> None:
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench-workloads"), flag,
-                             value], capture_output=True, text=True, timeout=60, check=False)
+@pytest.mark.parametrize(("script", "flag"), COUNTS, ids=[" ".join(c) for c in COUNTS])
+def test_a_count_of_runs_is_a_whole_number_of_at_least_one(
+    script: str, flag: str, value: str
+) -> None:
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / script), flag, value],
+                            capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2, result.stderr
     assert f"argument {flag}: {value!r} is not a whole number, at least 1" in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("value", ["0", "100", "30,", "thirty", "30;60"])
+def test_core_limits_are_whole_numbers_from_1_to_99(value: str) -> None:
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench-under-share"),
+                             "--cores", value], capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 2, result.stderr
+    assert (f"argument --cores: {value!r} is not a list of core limits from 1 to 99, e.g. 30,60"
+            in result.stderr)
     assert result.stdout == ""

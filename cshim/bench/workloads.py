@@ -5,7 +5,9 @@ over a measured interval, and prints one JSON line per workload:
 {"workload", "steps", "seconds", "rate" (steps a second), "start", "end"
 (time.time() of the measured interval)}. With --start-at, warm-up lasts until
 that moment (time.time()), so processes started together measure the same
-interval.
+interval. With --turns (one workload), it warms up, prints {"ready": name},
+then runs for the seconds each line of stdin gives, one measurement each
+(scripts/bench-under-share).
 
 - train: a GPT-2-small-sized training step (12 layers, 768 wide, 12 heads,
   vocabulary 50257), batch 8 x 512 tokens, bf16 autocast, fused attention,
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from collections.abc import Callable
 
@@ -174,14 +177,20 @@ WORKLOADS: dict[str, tuple[Callable[[], Step], int]] = {
 }
 
 
-def measure(name: str, warmup: float, seconds: float, start_at: float | None) -> dict:
-    builder, per_step = WORKLOADS[name]
-    step = builder()
+def warmed(name: str, warmup: float, start_at: float | None) -> Step:
+    """Workload name's step, built and run for warmup seconds (or until start_at)."""
+    step = WORKLOADS[name][0]()
     torch.cuda.synchronize()
     until = max(time.time() + warmup, start_at or 0.0)
     while time.time() < until:
         step()
     torch.cuda.synchronize()
+    return step
+
+
+def timed(name: str, step: Step, seconds: float) -> dict:
+    """Runs step for seconds: the measurement printed for it."""
+    per_step = WORKLOADS[name][1]
     steps, start = 0, time.time()
     while time.time() - start < seconds:
         step()
@@ -192,19 +201,37 @@ def measure(name: str, warmup: float, seconds: float, start_at: float | None) ->
             "rate": steps * per_step / (end - start), "start": start, "end": end}
 
 
+def take_turns(name: str, warmup: float) -> None:
+    """Warms workload name up, prints {"ready": name}, then runs it for the seconds each line
+    of stdin gives, printing a measurement after each, until stdin ends. Between its turns
+    it waits with nothing queued on the GPU, so another process can take the device."""
+    step = warmed(name, warmup, None)
+    print(json.dumps({"ready": name}), flush=True)
+    for line in sys.stdin:
+        print(json.dumps(timed(name, step, float(line))), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workloads", help="comma-separated: " + ", ".join(WORKLOADS))
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds (default 1.5)")
     parser.add_argument("--seconds", type=float, default=3.0, help="measured (default 3)")
     parser.add_argument("--start-at", type=float, help="warm up until this time.time()")
+    parser.add_argument("--turns", action="store_true",
+                        help="one workload, run for the seconds each line of stdin gives")
     args = parser.parse_args()
     names = args.workloads.split(",")
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload {', '.join(unknown)}: choose from {', '.join(WORKLOADS)}")
+    if args.turns:
+        if len(names) != 1:
+            parser.error("--turns takes one workload")
+        take_turns(names[0], args.warmup)
+        return
     for name in names:
-        print(json.dumps(measure(name, args.warmup, args.seconds, args.start_at)), flush=True)
+        print(json.dumps(timed(name, warmed(name, args.warmup, args.start_at), args.seconds)),
+              flush=True)
         torch.cuda.empty_cache()
 
 
