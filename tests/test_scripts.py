@@ -29,16 +29,22 @@ FLAGS = [
 ]
 
 
+def refusal(script: str, flag: str, value: str) -> str:
+    """What the script prints on stderr for flag's value, which it must refuse (exit 2) before
+    printing anything else."""
+    result = subprocess.run([sys.executable, str(REPO / "scripts" / script), flag, value],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    return result.stderr
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 @pytest.mark.parametrize(("script", "flag"), FLAGS, ids=[" ".join(f) for f in FLAGS])
 def test_a_number_flag_of_a_script_refuses_nan_inf_and_negatives(
     script: str, flag: str, value: str
 ) -> None:
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / script), flag, value],
-                            capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 2, result.stderr
-    assert f"argument {flag}: {value!r} is not a number" in result.stderr
-    assert result.stdout == ""
+    assert f"argument {flag}: {value!r} is not a number" in refusal(script, flag, value)
 
 
 COUNTS = [
@@ -54,19 +60,11 @@ COUNTS = [
 def test_a_count_of_runs_is_a_whole_number_of_at_least_one(
     script: str, flag: str, value: str
 ) -> None:
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / script), flag, value],
-                            capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 2, result.stderr
-    assert f"argument {flag}: {value!r} is not a whole number, at least 1" in result.stderr
-    assert result.stdout == ""
+    assert (f"argument {flag}: {value!r} is not a whole number, at least 1"
+            in refusal(script, flag, value))
 
 
 @pytest.mark.parametrize("value", ["0", "100", "30,", "thirty", "30;60"])
 def test_core_limits_are_whole_numbers_from_1_to_99(value: str) -> None:
-    result = subprocess.run([sys.executable, str(REPO / "scripts" / "bench-under-share"),
-                             "--cores", value], capture_output=True, text=True, timeout=60,
-                            check=False)
-    assert result.returncode == 2, result.stderr
     assert (f"argument --cores: {value!r} is not a list of core limits from 1 to 99, e.g. 30,60"
-            in result.stderr)
-    assert result.stdout == ""
+            in refusal("bench-under-share", "--cores", value))
