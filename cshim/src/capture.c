@@ -1,4 +1,4 @@
-/* Counts the captures this process has open, so that launches outside any ask the driver nothing. */
+/* Counts the captures this process has open: launches outside any ask the driver nothing. */
 #include "capture.h"
 
 #include "driver.h"

@@ -165,8 +165,9 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
      * graph's launches are paced instead. */
     CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
     CUcontext ctx = NULL;
-    if (vc_capture_status(stream, ptsz, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
-        || vc_real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+    if (vc_capture_status(stream, ptsz, &status) != CUDA_SUCCESS
+        || status != CU_STREAM_CAPTURE_STATUS_NONE || vc_real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS
+        || !ctx)
         return false;
     pthread_mutex_lock(&pacer.lock);
     struct vc_pacer_context *c = find_context(ctx);
