@@ -4,9 +4,12 @@ they build, start or measure anything."""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -68,3 +71,37 @@ def test_a_count_of_runs_is_a_whole_number_of_at_least_one(
 def test_core_limits_are_whole_numbers_from_1_to_99(value: str) -> None:
     assert (f"argument --cores: {value!r} is not a list of core limits from 1 to 99, e.g. 30,60"
             in refusal("bench-under-share", "--cores", value))
+
+
+def bench_workloads() -> ModuleType:
+    """scripts/bench-workloads as a module (its main() is not run)."""
+    path = REPO / "scripts" / "bench-workloads"
+    loader = importlib.machinery.SourceFileLoader("bench_workloads", str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[loader.name] = module   # its dataclasses look their module up there
+    loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("alone_busy", "limit", "busy", "of_free", "met", "target"),
+    [
+        # Over its share: its limit +- 5 points of busy time.
+        (95.6, 60, 57.0, None, True, "busy 60+-5"),
+        (95.6, 60, 51.8, None, False, "busy 60+-5"),
+        (76.7, 30, 35.4, None, False, "busy 30+-5"),
+        # Under it: >= 0.95 of its rate unlimited beside the same neighbour.
+        (25.0, 30, 14.5, 0.930, False, "of its rate unlimited beside it >= 0.95"),
+        (25.0, 30, 14.5, 0.985, True, "of its rate unlimited beside it >= 0.95"),
+        # Under it with nothing to weigh it against, or without a limit: no target.
+        (25.0, 60, 16.3, None, True, ""),
+        (95.6, None, 60.0, None, True, ""),
+    ],
+)
+def test_a_container_of_two_at_once_is_held_to_its_share_or_its_rate_beside_the_other(
+    alone_busy: float, limit: int | None, busy: float, of_free: float | None, met: bool,
+    target: str,
+) -> None:
+    assert bench_workloads().together_target(alone_busy, limit, busy, of_free) == (met, target)
