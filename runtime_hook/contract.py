@@ -158,6 +158,21 @@ def count_flag(text: str) -> int:
     return value
 
 
+def core_limits_flag(text: str) -> list[int]:
+    """An argparse type for the benchmarks' --cores: comma-separated shares of a GPU, each a
+    whole number in SHARE_MIN..SHARE_MAX."""
+    try:
+        limits = [int(word) for word in text.split(",")]
+    except ValueError:
+        limits = []
+    if not limits or not all(SHARE_MIN <= n <= SHARE_MAX for n in limits):
+        import argparse  # only to refuse, as above
+
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list of core limits from {SHARE_MIN} to {SHARE_MAX}, e.g. 30,60")
+    return limits
+
+
 def pointer_token(name: str) -> str:
     """``name`` as one JSON Pointer token (RFC 6901): ``nvidia.com/gpu`` -> ``nvidia.com~1gpu``."""
     return name.replace("~", "~0").replace("/", "~1")

@@ -4,6 +4,7 @@ they build, start or measure anything."""
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 import subprocess
@@ -68,11 +69,13 @@ def test_a_count_of_runs_is_a_whole_number_of_at_least_one(
 
 
 @pytest.mark.parametrize("value", ["0", "100", "30,", "thirty", "30;60"])
-def test_core_limits_are_whole_numbers_from_1_to_99(value: str) -> None:
+@pytest.mark.parametrize("script", ["bench-under-share", "bench-workloads", "bench-varying"])
+def test_core_limits_are_whole_numbers_from_1_to_99(script: str, value: str) -> None:
     assert (f"argument --cores: {value!r} is not a list of core limits from 1 to 99, e.g. 30,60"
-            in refusal("bench-under-share", "--cores", value))
+            in refusal(script, "--cores", value))
 
 
+@functools.cache
 def bench_workloads() -> ModuleType:
     """scripts/bench-workloads as a module (its main() is not run)."""
     path = REPO / "scripts" / "bench-workloads"
