@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.fake_kube_api import ApiError, conflict, json_body
+from tests.fake_kube_api import ApiError, Streamed, conflict, json_body
 from tests.node.fake_nodes_api import FakeNodesApi
 
 _POD = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)(/binding)?")
@@ -49,7 +49,7 @@ class FakeClusterApi(FakeNodesApi):
             return [copy.deepcopy(o) for p, o in self.objects.items() if "/pods/" in p]
 
     def route(self, method: str, path: str, content_type: str,
-              body: bytes) -> tuple[int, dict[str, Any]]:
+              body: bytes) -> tuple[int, dict[str, Any] | Streamed]:
         pod = _POD.fullmatch(path)
         if pod is not None:
             namespace, name, binding = pod.groups()

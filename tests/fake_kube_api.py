@@ -224,13 +224,13 @@ class FakeKubeApi:
     # --- the API ----------------------------------------------------------------------------
 
     def handle(self, method: str, path: str, content_type: str, body: bytes,
-               token: str | None) -> tuple[int, dict[str, Any]]:
+               token: str | None) -> tuple[int, dict[str, Any] | Streamed]:
         if token != self.token:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         return self.route(method, path, content_type, body)
 
     def route(self, method: str, path: str, content_type: str,
-              body: bytes) -> tuple[int, dict[str, Any]]:
+              body: bytes) -> tuple[int, dict[str, Any] | Streamed]:
         """Serve one authenticated request: (status, answer); raise ApiError to refuse it."""
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
 

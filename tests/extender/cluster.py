@@ -50,7 +50,7 @@ def node_object(name: str, memories: list[int], heartbeat: float = NOW,
     """A Node labelled for vcuda whose agent published GPUs of ``memories`` bytes at
     ``heartbeat``."""
     gpus = [Gpu(gpu_uuid(name, i), i, memory) for i, memory in enumerate(memories)]
-    metadata = {"name": name, "labels": {ENABLED_LABEL: "true"},
+    metadata: dict[str, Any] = {"name": name, "labels": {ENABLED_LABEL: "true"},
                 "annotations": {INVENTORY_ANNOTATION: encode_inventory(gpus, int(heartbeat))}}
     metadata["annotations"].update(annotations or {})
     return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "spec": {},

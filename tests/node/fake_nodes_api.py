@@ -119,7 +119,7 @@ class FakeNodesApi(FakeKubeApi):
         return path
 
     def route(self, method: str, path: str, content_type: str,
-              body: bytes) -> tuple[int, dict[str, Any]]:
+              body: bytes) -> tuple[int, dict[str, Any] | Streamed]:
         if path == "/api/v1/nodes" and method == "GET":
             if (self.local.query.get("watch") or [""])[0] in ("true", "1"):
                 self.authorize("watch", "", "nodes", None, None)

@@ -89,9 +89,11 @@ class FakeGpu:
         assert result.returncode == 0, result.stderr
         return result
 
-    def lines(self, *words: str, **kwargs: str) -> list[list[str]]:
+    def lines(self, *words: str, mode: str = "link", shim: bool = True,
+              **extra: str) -> list[list[str]]:
         """The probe's output, one list of words per line."""
-        return [line.split() for line in self.run(*words, **kwargs).stdout.splitlines()]
+        run = self.run(*words, mode=mode, shim=shim, **extra)
+        return [line.split() for line in run.stdout.splitlines()]
 
     @contextmanager
     def running(self, *words: str, mode: str = "link", shim: bool = True,
@@ -123,7 +125,7 @@ class Background:
     def read_to_wait(self) -> list[list[str]]:
         """Lines printed up to the next ``waiting`` (or the end)."""
         assert self.process.stdout is not None
-        seen = []
+        seen: list[list[str]] = []
         for line in self.process.stdout:
             if line.strip() == "waiting":
                 return seen
