@@ -52,6 +52,23 @@ def test_a_number_flag_of_a_script_refuses_nan_inf_and_negatives(
 
 
 COUNTS = [
+    ("bench-hook", "--runs"),
+    ("bench-pacing", "--rounds"),
+    ("bench-pacing", "--launches"),
+    ("bench-placement", "--nodes"),
+    ("bench-placement", "--calls"),
+    ("bench-placement", "--binds"),
+    ("bench-shim-overhead", "--rounds"),
+    ("bench-shim-overhead", "--launches"),
+    ("bench-shim-overhead", "--pairs"),
+    ("bench-webhook-memory", "--greedy"),
+    ("bench-webhook-memory", "--slow"),
+    ("bench-webhook-memory", "--bare"),
+    ("simulate-placement", "--nodes"),
+    ("simulate-placement", "--gpus"),
+    ("simulate-placement", "--pods"),
+    ("simulate-placement", "--burst"),
+    ("simulate-placement", "--node-processes"),
     ("bench-workloads", "--pairs"),
     ("bench-workloads", "--rounds"),
     ("bench-under-share", "--pairs"),
