@@ -9,6 +9,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,6 +127,12 @@ def busy_percent(start: float, end: float) -> float | None:
         pynvml.nvmlShutdown()
     values = [s.sampleValue.uiVal for s in samples if start * 1e6 <= s.timeStamp <= end * 1e6]
     return statistics.mean(values) if values else None
+
+
+def median_of(values: Iterable[float | None]) -> float | None:
+    """The median of the values measured (None: not measured); None if there are none."""
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def shown(percent: float | None) -> str:
