@@ -4,62 +4,30 @@
 /* Samples count when within this of the floor: 10%, or 1 us (events' resolution). */
 #define NEAR_PERCENT 10
 #define NEAR_MIN_NS 1000
-/* Recent samples near the floor that make it hard to lower, and those that
- * must then agree with a sample far under it. */
-#define BACKING 4
-#define AGREEING 2
 /* The floor rises by this much a second while no sample comes below it. */
 #define RISE_PERCENT_PER_S 10
 
-/* How far from ns a sample counts as near it. */
-static int64_t near(int64_t ns)
-{
-    int64_t part = ns * NEAR_PERCENT / 100;
-    return part > NEAR_MIN_NS ? part : NEAR_MIN_NS;
-}
-
-/* The samples other than the newest (of the n in the ring) that lie near ns. */
-static unsigned near_count(const struct vc_estimate *e, unsigned n, int64_t ns)
-{
-    unsigned newest = (e->next + VC_ESTIMATE_SAMPLES - 1) % VC_ESTIMATE_SAMPLES, count = 0;
-    for (unsigned i = 0; i < n; i++)
-        count += i != newest && e->sample[i] >= ns - near(ns) && e->sample[i] <= ns + near(ns);
-    return count;
-}
-
-bool vc_estimate_add(struct vc_estimate *e, int64_t ns, int64_t now)
+void vc_estimate_add(struct vc_estimate *e, int64_t ns, int64_t now)
 {
     e->sample[e->next] = ns;
     e->next = (e->next + 1) % VC_ESTIMATE_SAMPLES;
-    unsigned n = e->count < VC_ESTIMATE_SAMPLES ? e->count + 1 : VC_ESTIMATE_SAMPLES;
     int64_t age = now - e->floor_at;
     int64_t floor = e->floor + (int64_t)((double)e->floor * RISE_PERCENT_PER_S / 100 * (double)age / 1e9);
-    /* Under a floor that BACKING recent samples lie near, a sample far below
-     * it lowers it only once AGREEING recent ones lie near that sample. A
-     * record cut short, its own kernel's time taken for another process's
-     * slice, would otherwise set the floor and the estimate with it (a 1.39
-     * ms matmul's floor fell to 0.24 ms beside a decoding process on an
-     * H100), and a kernel not steady is charged at most 4 times its
-     * estimate: 0.96 ms a launch for that matmul, until the floor rose back
-     * seconds later. A floor few samples lie near is lowered at once, as
-     * ever: among samples mostly stretched, a kernel's own time is seldom
-     * seen twice in a ring. */
-    bool far = ns < floor - near(floor) && e->count > 0;
-    bool agreed = !far || near_count(e, n, floor) < BACKING || near_count(e, n, ns) >= AGREEING;
-    if (e->count++ == 0 || (ns <= floor && agreed)) {
+    if (e->count++ == 0 || ns <= floor) {
         floor = e->floor = ns;
         e->floor_at = now;
     }
-    int64_t low = floor - near(floor), limit = floor + near(floor);
+    int64_t near = floor * NEAR_PERCENT / 100;
+    int64_t limit = floor + (near > NEAR_MIN_NS ? near : NEAR_MIN_NS);
+    unsigned n = e->count < VC_ESTIMATE_SAMPLES ? e->count : VC_ESTIMATE_SAMPLES;
     int64_t sum = 0;
     unsigned kept = 0;
     for (unsigned i = 0; i < n; i++)
-        if (e->sample[i] >= low && e->sample[i] <= limit) {
+        if (e->sample[i] <= limit) {
             sum += e->sample[i];
             kept++;
         }
     /* Every recent sample stretched: the floor is the best guess. */
     e->ns = kept ? sum / kept : floor;
     e->steady = n >= VC_ESTIMATE_SETTLED && 2 * kept > n;
-    return agreed;
 }

@@ -30,9 +30,7 @@ struct vc_estimate {
     int64_t sample[VC_ESTIMATE_SAMPLES];   /* the latest samples, ns, in a ring */
 };
 
-/* Adds a sample of ns taken at now (ns, any clock) and updates the estimate.
- * False: the sample lay far under a floor that recent samples back, and none
- * agreed with it; it is kept in the ring and moves nothing. */
-bool vc_estimate_add(struct vc_estimate *e, int64_t ns, int64_t now);
+/* Adds a sample of ns taken at now (ns, any clock) and updates the estimate. */
+void vc_estimate_add(struct vc_estimate *e, int64_t ns, int64_t now);
 
 #endif

@@ -183,7 +183,7 @@ struct thread_run {
  * front and how much the timed records corrected that, and the other
  * processes' time slices it found. */
 struct pacer_tally {
-    uint64_t launches, alone, in_runs, untimed, waits, slices, set_aside;
+    uint64_t launches, alone, in_runs, untimed, waits, slices;
     int64_t waited_ns, up_front_ns, corrected_ns, away_ns;
 };
 
