@@ -30,7 +30,8 @@ struct vc_estimate {
     int64_t sample[VC_ESTIMATE_SAMPLES];   /* the latest samples, ns, in a ring */
 };
 
-/* Adds a sample of ns taken at now (ns, any clock) and updates the estimate. */
-void vc_estimate_add(struct vc_estimate *e, int64_t ns, int64_t now);
+/* Adds a sample of ns taken at now (ns, any clock) and updates the estimate.
+ * False where the sample was held back from lowering the floor. */
+bool vc_estimate_add(struct vc_estimate *e, int64_t ns, int64_t now);
 
 #endif

@@ -180,10 +180,10 @@ struct thread_run {
 
 /* What the pacer did in this process, logged at exit (info): how its
  * launches were timed, how long they waited, what they were charged up
- * front and how much the timed records corrected that, and the other
- * processes' time slices it found. */
+ * front and how much the timed records corrected that, the other
+ * processes' time slices it found, and the samples held back from a floor. */
 struct pacer_tally {
-    uint64_t launches, alone, in_runs, untimed, waits, slices;
+    uint64_t launches, alone, in_runs, untimed, waits, slices, held_back;
     int64_t waited_ns, up_front_ns, corrected_ns, away_ns;
 };
 

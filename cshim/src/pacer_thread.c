@@ -102,8 +102,8 @@ static void charge_record(struct record *r, const struct reading *m)
     int64_t each = (end - start - pacer_away(c, start, end)) / launches;
     bool sample = tells && !from_call && (queued || (k->cost >= SMALL_NS && each >= SMALL_NS))
                   && end > start;
-    if (sample)
-        vc_estimate_add(&k->estimate, each, vc_clock_ns());
+    if (sample && !vc_estimate_add(&k->estimate, each, vc_clock_ns()))
+        pacer.tally.held_back++;
     /* A check timed from its start to its end (its stream held, its start
      * event behind the stream's last timed kernel, or its kernel large),
      * away from a busy neighbour: what its kernel takes (pacer_learn_check).
@@ -466,11 +466,13 @@ static void stop_at_exit(void)
     const struct pacer_tally *t = &pacer.tally;
     vc_log(VC_LOG_INFO, "paced %llu launches (%llu timed alone, %llu in runs, %llu untimed); "
            "%llu waited for the bucket, %.3f s in all; charged %.3f s up front, corrected by "
-           "%+.3f s once timed; %llu time slices of other processes found, %.3f s in all",
+           "%+.3f s once timed; %llu time slices of other processes found, %.3f s in all; "
+           "%llu samples far under their kernel's time held back from its floor",
            (unsigned long long)t->launches, (unsigned long long)t->alone,
            (unsigned long long)t->in_runs, (unsigned long long)t->untimed,
            (unsigned long long)t->waits, (double)t->waited_ns / 1e9, (double)t->up_front_ns / 1e9,
-           (double)t->corrected_ns / 1e9, (unsigned long long)t->slices, (double)t->away_ns / 1e9);
+           (double)t->corrected_ns / 1e9, (unsigned long long)t->slices, (double)t->away_ns / 1e9,
+           (unsigned long long)t->held_back);
     pthread_mutex_unlock(&pacer.lock);
 }
 

@@ -19,11 +19,22 @@
  *       the device's busy time over the whole run, in percent.
  *   debt PERCENT KERNEL_MS
  *       Prints "wait MS": how long the launch after one such kernel waits.
- *   estimate KERNEL_US NOISE_PCT STRETCHED_PCT STRETCH_US SAMPLES SEED
+ *   estimate KERNEL_US NOISE_PCT STRETCHED_PCT STRETCH_US CUT_PCT SAMPLES SEED
  *       Feeds SAMPLES samples of a kernel (KERNEL_US, +-NOISE_PCT uniform),
  *       STRETCHED_PCT of them stretched by up to STRETCH_US (other work
- *       between the events), one a millisecond. Prints "estimate NS mean NS":
- *       the estimate and the mean of the unstretched samples.
+ *       between the events) and, from the 17th on, CUT_PCT cut to a tenth to
+ *       a half (a record that lost some of its own time), one a millisecond. Prints "estimate NS mean NS lowest
+ *       NS": the estimate, the mean of the samples neither stretched nor cut,
+ *       and the lowest estimate from the 16th sample on.
+ *   shift FROM_US TO_US
+ *       Feeds 50 samples of FROM_US, then samples of TO_US, one a
+ *       millisecond. Prints "follows N": after how many samples of TO_US the
+ *       estimate is within 3% of it (0: never, in 50).
+ *   return KERNEL_US STRETCHED_US SECONDS
+ *       Feeds 50 samples of KERNEL_US one a millisecond, then SECONDS of
+ *       samples of STRETCHED_US one every 100 ms (a kernel seldom timed
+ *       alone beside a busy neighbour: its floor rises meanwhile), then one
+ *       of KERNEL_US. Prints "estimate NS".
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -156,28 +167,61 @@ int main(int argc, char **argv)
         printf("wait %.3f\n", (double)vc_bucket_wait(&bucket, now) / MS);
         return 0;
     }
-    if (!strcmp(what, "estimate") && argc == 8) {
+    if (!strcmp(what, "estimate") && argc == 9) {
         double kernel = atof(argv[2]) * 1000, noise = atof(argv[3]) / 100;
         double stretched = atof(argv[4]) / 100, stretch = atof(argv[5]) * 1000;
-        int samples = atoi(argv[6]);
-        rng += (uint64_t)atoll(argv[7]);
+        double cut = atof(argv[6]) / 100;
+        int samples = atoi(argv[7]);
+        rng += (uint64_t)atoll(argv[8]);
         struct vc_estimate e = {0};
         double clean = 0;
         int nclean = 0;
+        int64_t lowest = INT64_MAX;
         for (int i = 0; i < samples; i++) {
-            double ns = kernel * (1 + noise * (2 * uniform() - 1));
-            if (uniform() < stretched) {
+            double ns = kernel * (1 + noise * (2 * uniform() - 1)), draw = uniform();
+            if (draw < stretched) {
                 ns += stretch * uniform();
+            } else if (draw < stretched + cut && i >= VC_ESTIMATE_SAMPLES) {
+                ns *= 0.1 + 0.4 * uniform();
             } else {
                 clean += ns;
                 nclean++;
             }
             /* One launch a millisecond. */
             vc_estimate_add(&e, (int64_t)ns, i * MS);
+            if (i + 1 >= VC_ESTIMATE_SAMPLES && e.ns < lowest)
+                lowest = e.ns;
         }
-        printf("estimate %lld mean %.0f\n", (long long)e.ns, nclean ? clean / nclean : 0.0);
+        printf("estimate %lld mean %.0f lowest %lld\n", (long long)e.ns,
+               nclean ? clean / nclean : 0.0, (long long)lowest);
         return 0;
     }
-    fprintf(stderr, "usage: pacing_sim share|idle|gaps|debt|estimate ... (see the source)\n");
+    if (!strcmp(what, "shift") && argc == 4) {
+        int64_t from = atoll(argv[2]) * 1000, to = atoll(argv[3]) * 1000;
+        struct vc_estimate e = {0};
+        int i = 0, follows = 0;
+        for (; i < 50; i++)
+            vc_estimate_add(&e, from, i * MS);
+        for (int n = 1; n <= 50 && !follows; n++, i++) {
+            vc_estimate_add(&e, to, i * MS);
+            if (e.ns * 100 >= to * 97 && e.ns * 100 <= to * 103)
+                follows = n;
+        }
+        printf("follows %d\n", follows);
+        return 0;
+    }
+    if (!strcmp(what, "return") && argc == 5) {
+        int64_t kernel = atoll(argv[2]) * 1000, stretched = atoll(argv[3]) * 1000;
+        int64_t now = 0, until = 50 * MS + (int64_t)(atof(argv[4]) * 1000) * MS;
+        struct vc_estimate e = {0};
+        for (; now < 50 * MS; now += MS)
+            vc_estimate_add(&e, kernel, now);
+        for (; now < until; now += 100 * MS)
+            vc_estimate_add(&e, stretched, now);
+        vc_estimate_add(&e, kernel, now);
+        printf("estimate %lld\n", (long long)e.ns);
+        return 0;
+    }
+    fprintf(stderr, "usage: pacing_sim share|idle|gaps|debt|estimate|shift|return ... (see the source)\n");
     return 2;
 }
