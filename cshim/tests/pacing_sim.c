@@ -22,10 +22,11 @@
  *   estimate KERNEL_US NOISE_PCT STRETCHED_PCT STRETCH_US CUT_PCT SAMPLES SEED
  *       Feeds SAMPLES samples of a kernel (KERNEL_US, +-NOISE_PCT uniform),
  *       STRETCHED_PCT of them stretched by up to STRETCH_US (other work
- *       between the events) and, from the 17th on, CUT_PCT cut to a tenth to
- *       a half (a record that lost some of its own time), one a millisecond. Prints "estimate NS mean NS lowest
- *       NS": the estimate, the mean of the samples neither stretched nor cut,
- *       and the lowest estimate from the 16th sample on.
+ *       between the events) and, from the 17th on, CUT_PCT cut to a tenth
+ *       to a half (a record that lost some of its own time), one a
+ *       millisecond. Prints "estimate NS mean NS lowest NS": the estimate,
+ *       the mean of the samples neither stretched nor cut, and the lowest
+ *       estimate from the 16th sample on.
  *   shift FROM_US TO_US
  *       Feeds 50 samples of FROM_US, then samples of TO_US, one a
  *       millisecond. Prints "follows N": after how many samples of TO_US the

@@ -156,7 +156,7 @@ def test_a_record_cut_short_now_and_then_never_pulls_the_estimate_down(
     # kernel's time to a span wrongly taken for another process's slice. Such a
     # sample is in the mean while it is in the ring (1/16 of its shortfall, or
     # two such in one ring), but never sets the floor: the old estimator's
-    # fell to the cut sample, and its estimate to a fifth of the kernel's time.
+    # fell to the cut sample, and its estimate down to a tenth of the kernel's.
     for seed in range(5):
         words = sim("estimate", kernel_us, noise, stretched, 2000, 1, 400, seed)
         estimate, mean, lowest = float(words[1]), float(words[3]), float(words[5])
