@@ -53,6 +53,7 @@
 #define VARYING_PERCENT 25      /* a kernel whose launches take this much more than its */
 #define VARYING_SLACK_NS 2000   /* ... estimate, and this (an event's moment), varies */
 #define QUEUED_NS 2000          /* a kernel this soon after its stream's last one queued behind it */
+#define LATE_RETURN_NS 50000    /* a launch call returning this long after its start event ran was held */
 #define HOLD_STALE_NS 1000000   /* a stream held this long is let go by the watch */
 #define HOLDING_NS 100000000    /* streams held this lately: the watch looks, unasked */
 #define PAIR_TRIES 8            /* held pairs of events timed to know what events take */
@@ -181,10 +182,12 @@ struct thread_run {
 /* What the pacer did in this process, logged at exit (info): how its
  * launches were timed, how long they waited, what they were charged up
  * front and how much the timed records corrected that, the other
- * processes' time slices it found, and the samples held back from a floor. */
+ * processes' time slices it found, the samples held back from a floor, and
+ * the records left unsampled as their launch call returned late (and the
+ * latest return). */
 struct pacer_tally {
-    uint64_t launches, alone, in_runs, untimed, waits, slices, held_back;
-    int64_t waited_ns, up_front_ns, corrected_ns, away_ns;
+    uint64_t launches, alone, in_runs, untimed, waits, slices, held_back, late_returns;
+    int64_t waited_ns, up_front_ns, corrected_ns, away_ns, latest_return_ns;
 };
 
 /* Everything the pacer's files share, guarded by lock, which is never held

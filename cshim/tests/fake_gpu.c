@@ -690,14 +690,18 @@ static void launch_call_time(struct function *fn)
 }
 
 /* The host's time in a launch call after its kernel reached the device
- * (VCUDA_FAKE_RETURN_NS, default 0): a thread descheduled once the driver
+ * (VCUDA_FAKE_RETURN_NS, default 0), in one launch call in
+ * VCUDA_FAKE_RETURN_EVERY (default 1): a thread descheduled once the driver
  * pushed the kernel returns while the kernel runs, or after it ended. */
 static void return_time(void)
 {
-    static int64_t late = -1;
-    if (late < 0)
+    static int64_t late = -1, every, calls;
+    if (late < 0) {
         late = number_from_env("VCUDA_FAKE_RETURN_NS", 0);
-    spin_ns(late);
+        every = number_from_env("VCUDA_FAKE_RETURN_EVERY", 1);
+    }
+    if (__atomic_fetch_add(&calls, 1, __ATOMIC_RELAXED) % (every > 0 ? every : 1) == 0)
+        spin_ns(late);
 }
 
 /* Whether stream h, or any stream, waits for a value (lock held). */

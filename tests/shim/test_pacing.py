@@ -73,6 +73,16 @@ def slices_found(log: str) -> tuple[int, float]:
     return int(found[1]), float(found[2])
 
 
+def long_kernels_at_30(gpu: FakeGpu, **fake: str) -> tuple[list[list[str]], str]:
+    """Runs 3 ms kernels back to back for 3 s at 30 on a double set up by ``fake``, and checks
+    the share they got: the probe's lines, split, and the library's log (info)."""
+    limited(gpu, 30)
+    result = gpu.run(*LOAD, *load("kernel", 3 * MS, 3000), VCUDA_LOG_LEVEL="info", **fake)
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert abs(share(lines) - 30) <= BAND, (lines, result.stderr)
+    return lines, result.stderr
+
+
 def charged_per_launch(gpu: FakeGpu, launches: int) -> float:
     """The GPU time the account was charged, in ns a launch, on the one device."""
     return account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
@@ -350,6 +360,34 @@ def test_a_launch_call_that_returns_while_its_kernel_runs_teaches_no_shorter_tim
     assert_charged_its_5_us_kernel(gpu, launches)
 
 
+def late_returns(log: str) -> tuple[int, float]:
+    """The records the pacer left unsampled as their launch call returned late, and the latest
+    return in ms, from its tally."""
+    found = re.search(r"(\d+) records not sampled as their launch call returned late, by "
+                      r"([\d.]+) ms at most", log)
+    assert found, log
+    return int(found[1]), float(found[2])
+
+
+@pytest.mark.parametrize("every", [3, 1])
+def test_a_long_kernel_whose_launch_calls_return_late_is_charged_its_time(
+    gpu: FakeGpu, every: int
+) -> None:
+    # A thread held 2 ms in the call after the driver pushed its 3 ms kernel
+    # returns two thirds into it. Charged from the call's return, such a
+    # record reads 1 ms, and the kernel's cost, learned from what its records
+    # were charged, fell to 1.4 ms: the load got 38% of the device at 30 where
+    # one call in three returned late, 65% where every one did. Charged from
+    # their start events, and no samples, such records leave it its 3 ms.
+    lines, log = long_kernels_at_30(gpu, VCUDA_FAKE_RETURN_NS=str(2 * MS),
+                                    VCUDA_FAKE_RETURN_EVERY=str(every))
+    launches = int(lines[-1][2])
+    late, latest = late_returns(log)
+    # Every one timed (a launch now and then goes untimed) is counted.
+    assert 0.85 * launches / every <= late <= launches / every + 1, (late, launches)
+    assert latest >= 1.9, latest   # more where this host held the thread longer still
+
+
 def test_each_of_the_many_kernels_of_a_training_step_is_learned_once(gpu: FakeGpu) -> None:
     # A training step launches about a hundred kernels, each once a step.
     # Each kernel's cost is learned from its first timed launches; a kernel
@@ -451,14 +489,11 @@ def test_long_kernels_that_a_neighbours_time_slices_preempt_get_their_share(
     # 8.2 ms beside a matmul on an H100). Here half the 3 ms kernels wait out
     # a slice; charged it, the load got 22.6% (2 ms slices) and 16.5% (5 ms)
     # of the device, not its 30.
-    limited(gpu, 30)
-    result = gpu.run(*LOAD, *load("kernel", 3 * MS, 3000), VCUDA_LOG_LEVEL="info",
-                     VCUDA_FAKE_SLICE_NS=str(slice_ms * MS), VCUDA_FAKE_SLICE_PERCENT="50")
-    lines = [line.split() for line in result.stdout.splitlines()]
-    assert abs(share(lines) - 30) <= BAND, lines
+    lines, log = long_kernels_at_30(gpu, VCUDA_FAKE_SLICE_NS=str(slice_ms * MS),
+                                    VCUDA_FAKE_SLICE_PERCENT="50")
     # The pacer tells what it found: most of each slice, none of it twice.
     launches = int(lines[-1][2])
-    slices, seconds = slices_found(result.stderr)
+    slices, seconds = slices_found(log)
     sliced = launches // 2 * slice_ms / 1000
     assert 0.4 * launches <= slices <= 0.5 * launches + 1, (slices, launches)
     assert 0.7 * sliced <= seconds <= sliced, (seconds, sliced, slices, launches)
