@@ -106,22 +106,27 @@ def bench_workloads() -> ModuleType:
 
 
 @pytest.mark.parametrize(
-    ("alone_busy", "limit", "busy", "of_free", "met", "target"),
+    ("would_busy", "limit", "busy", "of_free", "met", "target"),
     [
         # Over its share: its limit +- 5 points of busy time.
         (95.6, 60, 57.0, None, True, "busy 60+-5"),
         (95.6, 60, 51.8, None, False, "busy 60+-5"),
         (76.7, 30, 35.4, None, False, "busy 30+-5"),
+        (42.8, 30, 26.8, 0.622, True, "busy 30+-5"),
         # Under it: >= 0.95 of its rate unlimited beside the same neighbour.
         (25.0, 30, 14.5, 0.930, False, "of its rate unlimited beside it >= 0.95"),
         (25.0, 30, 14.5, 0.985, True, "of its rate unlimited beside it >= 0.95"),
+        # Under it as the neighbour leaves it less than its share even unlimited (decoding
+        # graphs at 60 beside a trainer at 30 on an H100).
+        (54.5, 60, 53.7, 0.972, True, "of its rate unlimited beside it >= 0.95"),
+        (54.5, 60, 48.0, 0.881, False, "of its rate unlimited beside it >= 0.95"),
         # Under it with nothing to weigh it against, or without a limit: no target.
         (25.0, 60, 16.3, None, True, ""),
         (95.6, None, 60.0, None, True, ""),
     ],
 )
 def test_a_container_of_two_at_once_is_held_to_its_share_or_its_rate_beside_the_other(
-    alone_busy: float, limit: int | None, busy: float, of_free: float | None, met: bool,
+    would_busy: float, limit: int | None, busy: float, of_free: float | None, met: bool,
     target: str,
 ) -> None:
-    assert bench_workloads().together_target(alone_busy, limit, busy, of_free) == (met, target)
+    assert bench_workloads().together_target(would_busy, limit, busy, of_free) == (met, target)
