@@ -130,3 +130,37 @@ def test_a_container_of_two_at_once_is_held_to_its_share_or_its_rate_beside_the_
     target: str,
 ) -> None:
     assert bench_workloads().together_target(would_busy, limit, busy, of_free) == (met, target)
+
+
+def together_run(workload: str, cores: int | None, beside: str, beside_cores: int | None,
+                 busy: float, would: float, of_free: float | None, waits: int = 0) -> dict:
+    """One container's measurement in one round of a two-container pair."""
+    return {"workload": workload, "cores": cores, "beside": beside, "beside_cores": beside_cores,
+            "busy": busy, "would": would, "of_free": of_free, "waits": waits,
+            "waited": 0.01 * waits}
+
+
+def test_a_container_of_two_is_judged_by_the_medians_of_its_rounds() -> None:
+    # Decoding graphs at 60 beside a trainer at 30, three rounds: one round alone would miss.
+    graphs = [together_run("decode-graph", 60, "train", 30, busy, 54.0, of_free)
+              for busy, of_free in ((51.9, 0.941), (53.6, 0.972), (52.8, 0.990))]
+    trainer = [together_run("train", 30, "decode-graph", 60, busy, 80.0, None, waits)
+               for busy, waits in ((29.5, 40), (36.0, 52), (29.9, 38))]
+    unlimited = together_run("decode-graph", None, "train", 30, 54.0, 54.0, None)
+    verdicts = bench_workloads().together_verdicts([*graphs, *trainer, unlimited])
+    assert verdicts == [
+        (True, "decode-graph at 60 beside train at 30: busy 52.8 (51.9-53.6), 0.972 of its "
+               "rate unlimited beside it (0.941-0.990); waited for the bucket in 0 of 3 runs "
+               "[of its rate unlimited beside it >= 0.95]"),
+        (True, "train at 30 beside decode-graph at 60: busy 29.9 (29.5-36.0); waited for the "
+               "bucket in 3 of 3 runs (0.520 s at most) [busy 30+-5]"),
+    ]
+
+
+def test_a_container_of_two_that_misses_in_most_rounds_is_missed() -> None:
+    rounds = [together_run("decode", 30, "train", None, 14.0, 25.0, of_free)
+              for of_free in (0.93, 0.97, 0.90)]
+    (met, line), = bench_workloads().together_verdicts(rounds)
+    assert not met
+    assert line.endswith("0.930 of its rate unlimited beside it (0.900-0.970); waited for the "
+                         "bucket in 0 of 3 runs [of its rate unlimited beside it >= 0.95: MISSED]")
