@@ -22,8 +22,9 @@ static int64_t near(int64_t ns)
 static unsigned near_count(const struct vc_estimate *e, unsigned n, int64_t ns)
 {
     unsigned newest = (e->next + VC_ESTIMATE_SAMPLES - 1) % VC_ESTIMATE_SAMPLES, count = 0;
+    int64_t margin = near(ns);
     for (unsigned i = 0; i < n; i++)
-        count += i != newest && e->sample[i] >= ns - near(ns) && e->sample[i] <= ns + near(ns);
+        count += i != newest && e->sample[i] >= ns - margin && e->sample[i] <= ns + margin;
     return count;
 }
 

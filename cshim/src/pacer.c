@@ -22,7 +22,7 @@ struct pacer_shared pacer = {
     .held = PTHREAD_COND_INITIALIZER,
     .typical_ns = FIRST_GUESS_NS,
 };
-__thread struct thread_run thread_run;
+__thread struct thread_run thread_run __attribute__((tls_model("initial-exec")));
 uint32_t pacer_flags[MAX_CONTEXTS][FLAG_BYTES / sizeof(uint32_t)]
     __attribute__((aligned(FLAG_BYTES)));
 
@@ -206,7 +206,7 @@ bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t ke
     bool opened = pacer_plan_timing(l, k, waits, now);
     pacer.tally.up_front_ns += l->charged;
     pthread_mutex_unlock(&pacer.lock);
-    pacer_charge(l->device, l->charged);
+    pacer_charge(l->device, now, l->charged);
     struct record *timed = opened ? &pacer.records[l->record % RECORDS] : NULL;
     if (l->hold)
         hold_stream(l);
@@ -224,7 +224,7 @@ CUresult vc_pacer_end(struct vc_launch *l, CUresult result)
 {
     if (result != CUDA_SUCCESS) {
         let_go(l);
-        pacer_charge(l->device, -l->charged);
+        pacer_charge(l->device, vc_clock_ns(), -l->charged);
         if (l->timed) {
             l->guessed = false;   /* nothing ran: nothing to correct */
             close_record(l, VOID);

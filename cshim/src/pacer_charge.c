@@ -13,10 +13,10 @@ void pacer_nap(int64_t ns)
     nanosleep(&ts, NULL);
 }
 
-void pacer_charge(int device, int64_t gpu_ns)
+void pacer_charge(int device, int64_t now, int64_t gpu_ns)
 {
     struct vc_region *r = vc_region();
-    vc_bucket_charge(&r->bucket[device], vc_clock_ns(), gpu_ns, vc_limits()->cores);
+    vc_bucket_charge(&r->bucket[device], now, gpu_ns, vc_limits()->cores);
     __atomic_add_fetch(&r->gpu_ns[device], (uint64_t)gpu_ns, __ATOMIC_RELAXED);
 }
 

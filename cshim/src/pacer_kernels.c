@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "bucket.h"
 #include "log.h"
 
 /* A key is kept in the first of the HOME_SPAN entries from its home that is
@@ -108,7 +109,7 @@ void pacer_learn_cost(struct kernel *k, int64_t cost, bool first_sample)
         int64_t each = pacer_up_front(k);
         vc_log(VC_LOG_DEBUG, "kernel %016llx costs %lld ns", (unsigned long long)k->key,
                (long long)each);
-        pacer_charge(k->device, each * k->untimed_guesses - k->untimed_guess_ns);
+        pacer_charge(k->device, vc_clock_ns(), each * k->untimed_guesses - k->untimed_guess_ns);
         k->untimed_guesses = 0;
         k->untimed_guess_ns = 0;
     }

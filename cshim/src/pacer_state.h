@@ -218,7 +218,9 @@ struct pacer_shared {
 };
 
 extern struct pacer_shared pacer;
-extern __thread struct thread_run thread_run;
+/* Initial-exec, as the library is loaded at start-up (ld.so.preload or
+ * LD_PRELOAD): a launch reads it without a call to find it. */
+extern __thread struct thread_run thread_run __attribute__((tls_model("initial-exec")));
 
 /* Each context entry's word that its held streams wait on, a page of the
  * library's own: registered with each context that takes the entry, and
@@ -234,7 +236,8 @@ static inline uint32_t *pacer_flag(const struct vc_pacer_context *c)
 
 /* pacer_charge.c */
 void pacer_nap(int64_t ns);
-void pacer_charge(int device, int64_t gpu_ns);
+/* Charges gpu_ns to device at now (vc_clock_ns(): a launch passes the one it read). */
+void pacer_charge(int device, int64_t now, int64_t gpu_ns);
 void pacer_wait(int device, int64_t wait);
 
 /* Whether the thread found another process's time slice lately (the thread's). */

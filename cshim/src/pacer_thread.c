@@ -132,7 +132,7 @@ static void charge_record(struct record *r, const struct reading *m)
         pacer_learn_check(k, each);
     if (tells)
         pacer_learn_cost(k, cost / launches, sample && k->estimate.count == 1);
-    pacer_charge(r->device, cost - r->charged);
+    pacer_charge(r->device, vc_clock_ns(), cost - r->charged);
     pacer.tally.corrected_ns += cost - r->charged;
     pacer.read_lately++;
 }
