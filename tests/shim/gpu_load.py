@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -127,6 +128,17 @@ def busy_percent(start: float, end: float) -> float | None:
         pynvml.nvmlShutdown()
     values = [s.sampleValue.uiVal for s in samples if start * 1e6 <= s.timeStamp <= end * 1e6]
     return statistics.mean(values) if values else None
+
+
+#: The library's exit tally at the info level (VCUDA_LOG_LEVEL=info).
+WAITED = re.compile(r"(\d+) waited for the bucket, ([\d.]+) s in all")
+
+
+def bucket_waits(log: str) -> tuple[int, float]:
+    """The launches that waited for the bucket, and the seconds they waited in all, as the
+    library's log at the info level tells them; (0, 0.0) where it told none."""
+    found = WAITED.search(log)
+    return (int(found[1]), float(found[2])) if found else (0, 0.0)
 
 
 def median_of(values: Iterable[float | None]) -> float | None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.shim.gpu_load import bucket_waits
 from tests.shim.harness import GIB, TESTS, FakeGpu, account_gpu_ns, fake_uuid
 
 MS = 1_000_000
@@ -720,6 +721,8 @@ def test_at_exit_the_log_tells_how_the_launches_were_timed_waited_and_charged(
     assert paced == launches == alone + in_runs + untimed
     # At 30% of the device, 1 ms kernels back to back wait about 70% of the time.
     assert waits > 0 and 0.5 <= waited <= 1.0, (waits, waited)
+    # The benchmarks read the same from it.
+    assert bucket_waits(result.stderr) == (waits, waited)
     assert up_front > 0
     # Alone on the device, its launches never waited out another process's slice.
     assert slices_found(result.stderr) == (0, 0.0)
