@@ -14,6 +14,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.shim.gpu_load import processes_that_waited
+
 REPO = Path(__file__).resolve().parents[1]
 
 FLAGS = [
@@ -164,3 +166,9 @@ def test_a_container_of_two_that_misses_in_most_rounds_is_missed() -> None:
     assert not met
     assert line.endswith("0.930 of its rate unlimited beside it (0.900-0.970); waited for the "
                          "bucket in 0 of 3 runs [of its rate unlimited beside it >= 0.95: MISSED]")
+
+
+def test_the_benchmarks_tell_how_many_processes_waited_for_the_bucket_and_how_long() -> None:
+    assert processes_that_waited([(11, 0.1), (0, 0.0), (246, 0.546)]) == (
+        "2 of 3, 0.100-0.546 s in all")
+    assert processes_that_waited([(0, 0.0), (0, 0.0)]) == "0 of 2"

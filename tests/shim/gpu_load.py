@@ -141,6 +141,14 @@ def bucket_waits(log: str) -> tuple[int, float]:
     return (int(found[1]), float(found[2])) if found else (0, 0.0)
 
 
+def processes_that_waited(waits: list[tuple[int, float]]) -> str:
+    """'K of N[, LOW-HIGH s in all]': how many of N processes, each given by its bucket_waits,
+    waited for the bucket, and the range of the seconds those waited."""
+    waited = [seconds for launches, seconds in waits if launches]
+    return f"{len(waited)} of {len(waits)}" + (
+        f", {min(waited):.3f}-{max(waited):.3f} s in all" if waited else "")
+
+
 def median_of(values: Iterable[float | None]) -> float | None:
     """The median of the values measured (None: not measured); None if there are none."""
     known = [v for v in values if v is not None]
