@@ -68,10 +68,14 @@ int64_t pacer_estimate(const struct kernel *k)
     return k->estimate.count && k->estimate.ns < k->cost ? k->estimate.ns : k->cost;
 }
 
-/* What a launch of kernel k is charged before it is timed. */
+/* What a launch of kernel k is charged before it is timed. A kernel timed
+ * once: no more than one never timed, as that one record may hold its
+ * loading (first_costs_median()). */
 int64_t pacer_up_front(const struct kernel *k)
 {
-    return k->costs ? pacer_estimate(k) : pacer.typical_ns;
+    if (k->costs > 1)
+        return pacer_estimate(k);
+    return k->costs && k->cost < pacer.typical_ns ? k->cost : pacer.typical_ns;
 }
 
 /* The most a launch of kernel k is charged once timed: a steady kernel,
@@ -92,17 +96,43 @@ int64_t pacer_cap(const struct kernel *k, int64_t percent)
                              : INT64_MAX / (2 * RUN);
 }
 
+/* Kernel k's cost until it is trusted: the lower median of what its timed
+ * launches so far were charged, cost the latest. One can take far longer than
+ * the others: a lazily loaded kernel's code is loaded in its first launch
+ * call, which returns that late, and its record is charged from its start
+ * event (pacer_thread.c). On an H100 a decoding model's first pass had a
+ * dozen 3-10 us kernels charged 0.27-3.2 ms so; learned as an average, such
+ * a kernel was trusted at 0.18-4.2 ms and each launch charged up to that up
+ * front until the average came down: 0.25-0.38 s of charges given back in
+ * the first seconds, and a process that used some 20% of the device waited
+ * 40-82 times for the bucket at 30 (0.26-0.37 s). */
+static int64_t first_costs_median(struct kernel *k, int64_t cost)
+{
+    unsigned i = k->costs;
+    for (; i > 0 && k->first[i - 1] > cost; i--)
+        k->first[i] = k->first[i - 1];
+    k->first[i] = cost;
+    return k->first[k->costs / 2];
+}
+
 /* Takes what a timed launch of kernel k was charged into account: the next
  * launches are charged no more than about that much up front. The record
  * that gave the kernel's first sample starts it afresh: those before it told
  * none, as they timed more than the kernel (a small kernel's way to the
  * device, before its stream could be held: 24 us of a 5 us kernel's on the
  * test double, charged to its untimed launches until an eighth a record
- * brought it down). */
+ * brought it down). A kernel's lone first record is no guess for others: it
+ * may hold its loading. */
 void pacer_learn_cost(struct kernel *k, int64_t cost, bool first_sample)
 {
-    k->cost = k->costs++ && !first_sample ? k->cost + (cost - k->cost) / 8 : cost;
-    pacer.typical_ns = k->cost;
+    if (first_sample && k->costs < TRUSTED)
+        k->costs = 0;
+    if (k->costs < TRUSTED)
+        k->cost = first_costs_median(k, cost);
+    else
+        k->cost = first_sample ? cost : k->cost + (cost - k->cost) / 8;
+    if (++k->costs > 1)
+        pacer.typical_ns = k->cost;
     /* Not at the first launch: it may have waited behind the untimed ones, so
      * for them the lower of the cost and the estimate (which leaves waits out). */
     if (k->costs == TRUSTED) {

@@ -127,7 +127,7 @@ struct vc_pacer_context {
 /* What each launch reads comes first, next to its estimate's figures. */
 struct kernel {
     uint64_t key;               /* 0: a free entry */
-    int64_t cost;               /* what its timed launches were charged, lately (a moving average) */
+    int64_t cost;               /* what its timed launches were charged, lately (pacer_learn_cost) */
     int64_t launched;           /* its last launch (clock): the least recent makes room */
     uint32_t costs;             /* timed launches charged */
     int device;
@@ -136,6 +136,7 @@ struct kernel {
     int64_t checked;            /* what its launches timed alone took, lately (a moving average) */
     bool varies;                /* ... far more than its estimate (pacer_learn_check) */
     struct vc_estimate estimate;
+    int64_t first[TRUSTED];     /* what its first timed launches were charged, lowest first */
 };
 
 enum record_state { OPEN, ENDED, VOID };

@@ -593,15 +593,21 @@ def test_a_kernel_whose_first_launch_ran_long_is_not_charged_that_long_again(
     # launched on one stream, and it never queues (each launch comes 200 us
     # after the last call returned), so no later record of it need be a
     # sample that lowers an estimate learned from that one (on a GPU some
-    # decoding kernels never had one). Charged 2 ms up front, a loop that
-    # uses 2.5% of the device would wait for the bucket.
+    # decoding kernels never had one). Learned as an average of its first
+    # records, its cost was 1.4 ms once trusted, each of its next launches was
+    # charged that much up front, and a loop that uses 2.5% of the device
+    # waited for the bucket at 30, 5 times in 1.5 s.
     limited(gpu, 30)
     first_launch_ns = 2000 * US
-    lines = gpu.lines(*LOAD, "gapslate", str(5 * US), "200", "1500",
-                      VCUDA_FAKE_FIRST_LAUNCH_NS=str(first_launch_ns))
-    launches, slow = int(lines[-1][1]), int(lines[-1][2])
+    result = gpu.run(*LOAD, "gapslate", str(5 * US), "200", "1500", VCUDA_LOG_LEVEL="debug",
+                     VCUDA_FAKE_FIRST_LAUNCH_NS=str(first_launch_ns))
+    launches, slow = map(int, result.stdout.split()[-2:])
     assert launches >= 0.8 * 1500 * 1000 // 200, launches
     assert slow <= launches // 100, slow
+    assert pacing_tally(result.stderr)[4] == 0, result.stderr
+    # Both kernels are trusted at about their own time.
+    costs = [int(ns) for ns in re.findall(r"kernel [0-9a-f]{16} costs (\d+) ns", result.stderr)]
+    assert len(costs) == 2 and all(ns <= 1.5 * 5 * US for ns in costs), costs
     # Each of the two kernels' first launches is charged its whole record.
     charged = account_gpu_ns(gpu.account)[fake_uuid(0)]
     assert charged <= launches * 1.5 * 5 * US + 2 * first_launch_ns, charged / launches
