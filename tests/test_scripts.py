@@ -24,6 +24,10 @@ FLAGS = [
     ("bench-webhook", "--rate"),
     ("bench-webhook-memory", "--hold"),
     ("bench-under-share", "--window"),
+    ("bench-paced-windows", "--seconds"),
+    ("bench-paced-windows", "--warmup"),
+    ("bench-paced-windows", "--window"),
+    ("bench-paced-windows", "--settle"),
     ("bench-under-share", "--warmup"),
     ("bench-under-share", "--timeout"),
     ("bench-workloads", "--seconds"),
@@ -75,6 +79,7 @@ COUNTS = [
     ("bench-workloads", "--rounds"),
     ("bench-under-share", "--pairs"),
     ("bench-under-share", "--windows"),
+    ("bench-paced-windows", "--runs"),
 ]
 
 
@@ -88,10 +93,19 @@ def test_a_count_of_runs_is_a_whole_number_of_at_least_one(
 
 
 @pytest.mark.parametrize("value", ["0", "100", "30,", "thirty", "30;60"])
-@pytest.mark.parametrize("script", ["bench-under-share", "bench-workloads", "bench-varying"])
+@pytest.mark.parametrize(
+    "script", ["bench-under-share", "bench-paced-windows", "bench-workloads", "bench-varying"])
 def test_core_limits_are_whole_numbers_from_1_to_99(script: str, value: str) -> None:
     assert (f"argument --cores: {value!r} is not a list of core limits from 1 to 99, e.g. 30,60"
             in refusal(script, "--cores", value))
+
+
+def test_paced_windows_must_leave_part_of_each_window_counted() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "bench-paced-windows"), "--window", "0.2",
+         "--settle", "0.2"], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "--settle 0.2 leaves nothing of a 0.2 s window" in result.stderr
 
 
 @functools.cache

@@ -7,7 +7,11 @@ over a measured interval, and prints one JSON line per workload:
 that moment (time.time()), so processes started together measure the same
 interval. With --turns (one workload), it warms up, prints {"ready": name},
 then runs for the seconds each line of stdin gives, one measurement each
-(scripts/bench-under-share).
+(scripts/bench-under-share). With --pace-windows MS, under the diagnostic
+library that paces only every other MS window of CLOCK_MONOTONIC (make -C
+cshim diag), it notes when each step ends and prints {"workload", "paced",
+"unpaced" (the rates of the whole windows of each kind, each without its first
+--settle ms), "start", "end"} (scripts/bench-paced-windows).
 
 - train: a GPT-2-small-sized training step (12 layers, 768 wide, 12 heads,
   vocabulary 50257), batch 8 x 512 tokens, bf16 autocast, fused attention,
@@ -211,6 +215,31 @@ def take_turns(name: str, warmup: float) -> None:
         print(json.dumps(timed(name, step, float(line))), flush=True)
 
 
+def paced_windows(name: str, step: Step, seconds: float, window_ms: float,
+                  settle_ms: float) -> dict:
+    """Runs step for seconds, noting when each step ends on CLOCK_MONOTONIC, the clock of the
+    diagnostic library's windows: the rate of each whole window after its first settle_ms
+    (while the library's threads read what the window before left them), by whether the
+    library paced its launches (odd windows) or not (even ones)."""
+    window, settle = round(window_ms * 1e6), round(settle_ms * 1e6)
+    ends: list[int] = []
+    start, began = time.time(), time.monotonic_ns()
+    while time.monotonic_ns() - began < seconds * 1e9:
+        step()
+        ends.append(time.monotonic_ns())
+    end = time.time()
+    first, last = began // window + 1, ends[-1] // window   # the whole windows
+    counts = dict.fromkeys(range(first, last), 0)
+    for t in ends:
+        if t // window in counts and t % window >= settle:
+            counts[t // window] += 1
+    counted = (window - settle) / 1e9
+    rates: dict[str, list[float]] = {"paced": [], "unpaced": []}
+    for i, steps in counts.items():
+        rates["paced" if i % 2 else "unpaced"].append(steps * WORKLOADS[name][1] / counted)
+    return {"workload": name, **rates, "start": start, "end": end}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workloads", help="comma-separated: " + ", ".join(WORKLOADS))
@@ -219,6 +248,12 @@ def main() -> None:
     parser.add_argument("--start-at", type=float, help="warm up until this time.time()")
     parser.add_argument("--turns", action="store_true",
                         help="one workload, run for the seconds each line of stdin gives")
+    parser.add_argument("--pace-windows", type=float, metavar="MS",
+                        help="rates of paced and unpaced windows of MS milliseconds (the "
+                             "diagnostic library, VCUDA_PACE_WINDOW_MS=MS)")
+    parser.add_argument("--settle", type=float, default=150.0, metavar="MS",
+                        help="with --pace-windows, the start of each window not counted "
+                             "(default 150)")
     args = parser.parse_args()
     names = args.workloads.split(",")
     unknown = [name for name in names if name not in WORKLOADS]
@@ -229,9 +264,13 @@ def main() -> None:
             parser.error("--turns takes one workload")
         take_turns(names[0], args.warmup)
         return
+    if args.pace_windows is not None and not 0 <= args.settle < args.pace_windows:
+        parser.error("--settle must be at least 0 and less than --pace-windows")
     for name in names:
-        print(json.dumps(timed(name, warmed(name, args.warmup, args.start_at), args.seconds)),
-              flush=True)
+        step = warmed(name, args.warmup, args.start_at)
+        measured = (paced_windows(name, step, args.seconds, args.pace_windows, args.settle)
+                    if args.pace_windows is not None else timed(name, step, args.seconds))
+        print(json.dumps(measured), flush=True)
         torch.cuda.empty_cache()
 
 

@@ -9,6 +9,7 @@
 #include "capture.h"
 #include "driver.h"
 #include "log.h"
+#include "pace_windows.h"
 #include "setup.h"
 
 /* The lock is adaptive: a launch that finds it taken (by the pacing thread,
@@ -159,7 +160,7 @@ static void end_run_before(const struct vc_launch *l, bool waits)
 
 bool vc_pacer_begin(struct vc_launch *l, CUstream stream, bool ptsz, uint64_t key)
 {
-    if (!vc_pacing())
+    if (!vc_pacing() || vc_unpaced_window())
         return false;
     /* A launch into a capturing stream is recorded in a graph, not run: the
      * graph's launches are paced instead. */
