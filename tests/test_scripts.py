@@ -108,11 +108,42 @@ def test_paced_windows_must_leave_part_of_each_window_counted() -> None:
     assert "--settle 0.2 leaves nothing of a 0.2 s window" in result.stderr
 
 
+def paced_run(ratio: float, unpaced: list[float], busy: float | None = 20.0) -> dict:
+    """A process as bench-paced-windows measures it: its paced windows run at ratio times its
+    unpaced ones, and NVML saw the device busy % over the run."""
+    return {"ratio": ratio, "paced": [rate * ratio for rate in unpaced], "unpaced": unpaced,
+            "busy": busy}
+
+
+def test_a_window_over_the_limit_is_told_by_its_rate_times_a_steps_gpu_time() -> None:
+    # 400 tokens a second on average at 20% busy: 0.5 ms of GPU time a token, so a window at
+    # 600 a second kept the device 30% busy, and one at 580 29%.
+    run = paced_run(1.0, [200.0, 600.0, 580.0, 220.0])
+    assert script("bench-paced-windows").windows_over(run, 30) == 1
+    assert script("bench-paced-windows").windows_over(run, 31) == 0
+    assert script("bench-paced-windows").windows_over(paced_run(1.0, [400.0], None), 30) is None
+
+
+def test_only_processes_under_their_share_in_every_window_are_judged() -> None:
+    verdict = script("bench-paced-windows").verdict
+    steady, fast = [400.0] * 4, [300.0, 700.0, 300.0, 300.0]   # 20% busy; one window at 35%
+    under, line, met = verdict([paced_run(0.96, steady), paced_run(0.94, steady),
+                                paced_run(0.97, steady), paced_run(0.70, fast)], 30)
+    assert (sorted(under), met) == ([0.94, 0.96, 0.97], True)
+    assert line == ">= 0.95 for 3 under it; 1 reached 30% in some window: not judged (0.700)"
+    under, line, met = verdict([paced_run(0.90, steady), paced_run(0.94, steady)], 30)
+    assert (under, met) == ([0.90, 0.94], False)
+    under, line, met = verdict([paced_run(0.70, fast), paced_run(0.9, steady, None)], 30)
+    assert (under, met) == ([], True)
+    assert line == ("none: no process stayed under its share; 1 reached 30% in some window: "
+                    "not judged (0.700); 1 without NVML's busy %: not judged")
+
+
 @functools.cache
-def bench_workloads() -> ModuleType:
-    """scripts/bench-workloads as a module (its main() is not run)."""
-    path = REPO / "scripts" / "bench-workloads"
-    loader = importlib.machinery.SourceFileLoader("bench_workloads", str(path))
+def script(name: str) -> ModuleType:
+    """scripts/NAME as a module (its main() is not run)."""
+    path = REPO / "scripts" / name
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(path))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     assert spec
     module = importlib.util.module_from_spec(spec)
@@ -145,7 +176,8 @@ def test_a_container_of_two_at_once_is_held_to_its_share_or_its_rate_beside_the_
     would_busy: float, limit: int | None, busy: float, of_free: float | None, met: bool,
     target: str,
 ) -> None:
-    assert bench_workloads().together_target(would_busy, limit, busy, of_free) == (met, target)
+    together_target = script("bench-workloads").together_target
+    assert together_target(would_busy, limit, busy, of_free) == (met, target)
 
 
 def together_run(workload: str, cores: int | None, beside: str, beside_cores: int | None,
@@ -163,7 +195,7 @@ def test_a_container_of_two_is_judged_by_the_medians_of_its_rounds() -> None:
     trainer = [together_run("train", 30, "decode-graph", 60, busy, 80.0, None, waits)
                for busy, waits in ((29.5, 40), (36.0, 52), (29.9, 38))]
     unlimited = together_run("decode-graph", None, "train", 30, 54.0, 54.0, None)
-    verdicts = bench_workloads().together_verdicts([*graphs, *trainer, unlimited])
+    verdicts = script("bench-workloads").together_verdicts([*graphs, *trainer, unlimited])
     assert verdicts == [
         (True, "decode-graph at 60 beside train at 30: busy 52.8 (51.9-53.6), 0.972 of its "
                "rate unlimited beside it (0.941-0.990); waited for the bucket in 0 of 3 runs "
@@ -176,7 +208,7 @@ def test_a_container_of_two_is_judged_by_the_medians_of_its_rounds() -> None:
 def test_a_container_of_two_that_misses_in_most_rounds_is_missed() -> None:
     rounds = [together_run("decode", 30, "train", None, 14.0, 25.0, of_free)
               for of_free in (0.93, 0.97, 0.90)]
-    (met, line), = bench_workloads().together_verdicts(rounds)
+    (met, line), = script("bench-workloads").together_verdicts(rounds)
     assert not met
     assert line.endswith("0.930 of its rate unlimited beside it (0.900-0.970); waited for the "
                          "bucket in 0 of 3 runs [of its rate unlimited beside it >= 0.95: MISSED]")
