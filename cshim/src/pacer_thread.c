@@ -113,10 +113,10 @@ static void charge_record(struct record *r, const struct reading *m)
      * estimate of a 5 us kernel 0.9 us under CPU load (a large kernel's error
      * is small next to it, unless the thread was held long: below). */
     bool from_call = !r->held && start == m->submitted && end - start < SMALL_NS;
-    bool tells = k && !r->mixed && !r->late;
-    int64_t each = (end - start - pacer_away(c, start, end)) / launches;
     /* Nor is a record whose launch call returned late (above), whatever its
      * kernel. */
+    bool tells = k && !r->mixed && !r->late;
+    int64_t each = (end - start - pacer_away(c, start, end)) / launches;
     bool sample = tells && whole && !from_call
                   && (queued || (k->cost >= SMALL_NS && each >= SMALL_NS)) && end > start;
     if (sample && !vc_estimate_add(&k->estimate, each, vc_clock_ns()))
