@@ -68,22 +68,19 @@ class FakeGpu:
     def command(self, *words: str, mode: str = "link") -> list[str]:
         return [str(TESTS / "probe"), mode, *words]
 
-    def environment(self, shim: bool = True, library: Path = LIBRARY,
-                    **extra: str) -> dict[str, str]:
+    def environment(self, shim: bool = True, **extra: str) -> dict[str, str]:
         env = dict(self.env, **extra)
         if shim:
-            env["LD_PRELOAD"] = str(library)
+            env["LD_PRELOAD"] = str(LIBRARY)
         return env
 
     def run(
-        self, *words: str, mode: str = "link", shim: bool = True, library: Path = LIBRARY,
-        **extra: str
+        self, *words: str, mode: str = "link", shim: bool = True, **extra: str
     ) -> subprocess.CompletedProcess[str]:
-        """Run the probe with ``words`` as its commands, under ``library`` (the shim's build by
-        default) unless not ``shim``; it must exit cleanly."""
+        """Run the probe with ``words`` as its commands; it must exit cleanly."""
         result = subprocess.run(
             self.command(*words, mode=mode),
-            env=self.environment(shim, library, **extra),
+            env=self.environment(shim, **extra),
             capture_output=True,
             text=True,
             timeout=60,

@@ -16,7 +16,7 @@ def paced_of_launched(gpu: FakeGpu, library: Path) -> tuple[int, int]:
     """Runs HELD_LOAD's 1.5 s of small launches at 30 under library, with 100 ms windows
     asked for: the launches the library paced, and all the loop launched."""
     limited(gpu, 30)
-    result = gpu.run(*HELD_LOAD, library=library, VCUDA_LOG_LEVEL="info",
+    result = gpu.run(*HELD_LOAD, shim=False, LD_PRELOAD=str(library), VCUDA_LOG_LEVEL="info",
                      VCUDA_PACE_WINDOW_MS="100")
     launched = int(result.stdout.splitlines()[-1].split()[1])
     return pacing_tally(result.stderr)[0], launched
