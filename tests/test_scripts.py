@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import importlib.machinery
 import importlib.util
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -124,19 +125,46 @@ def test_a_window_over_the_limit_is_told_by_its_rate_times_a_steps_gpu_time() ->
     assert script("bench-paced-windows").windows_over(paced_run(1.0, [400.0], None), 30) is None
 
 
-def test_only_processes_under_their_share_in_every_window_are_judged() -> None:
+def windows(paced: list[float], unpaced: list[float], step_ms: float = 0.5) -> dict:
+    """A process whose steps each keep the device busy step_ms: NVML's busy % over its run is
+    its mean rate times that."""
+    rates = paced + unpaced
+    return {"ratio": statistics.median(paced) / statistics.median(unpaced), "paced": paced,
+            "unpaced": unpaced, "busy": statistics.mean(rates) * step_ms / 10}
+
+
+def test_a_process_that_reached_its_limit_is_weighed_against_what_the_limit_leaves_it() -> None:
+    # 0.5 ms a token: 600 tokens a second keep the device 30% busy, so a perfect limiter at 30
+    # leaves unpaced windows of 700 and 800 a second 600 each, and the median goes from 700 to
+    # 600.
+    run = windows(paced=[540.0, 560.0, 600.0], unpaced=[700.0, 800.0, 300.0])
+    assert script("bench-paced-windows").of_ideal(run, 30) == pytest.approx(560 / 600)
+    assert run["ratio"] == pytest.approx(0.8)
+    assert script("bench-paced-windows").of_ideal(run, 40) == pytest.approx(560 / 700)
+    assert script("bench-paced-windows").busiest_paced(run) == pytest.approx(30.0)
+
+
+def test_each_process_is_judged_by_the_target_its_unpaced_windows_call_for() -> None:
     verdict = script("bench-paced-windows").verdict
-    steady, fast = [400.0] * 4, [300.0, 700.0, 300.0, 300.0]   # 20% busy; one window at 35%
-    under, line, met = verdict([paced_run(0.96, steady), paced_run(0.94, steady),
-                                paced_run(0.97, steady), paced_run(0.70, fast)], 30)
-    assert (sorted(under), met) == ([0.94, 0.96, 0.97], True)
-    assert line == ">= 0.95 for 3 under it; 1 reached 30% in some window: not judged (0.700)"
-    under, line, met = verdict([paced_run(0.90, steady), paced_run(0.94, steady)], 30)
-    assert (under, met) == ([0.90, 0.94], False)
-    under, line, met = verdict([paced_run(0.70, fast), paced_run(0.9, steady, None)], 30)
-    assert (under, met) == ([], True)
-    assert line == ("none: no process stayed under its share; 1 reached 30% in some window: "
-                    "not judged (0.700); 1 without NVML's busy %: not judged")
+    steady = [400.0] * 4   # 20% busy at 0.5 ms a token
+    reached = windows(paced=[540.0, 560.0, 600.0], unpaced=[700.0, 800.0, 300.0])
+    lines, met = verdict([windows([w * 0.96 for w in steady], steady),
+                          windows([w * 0.97 for w in steady], steady), reached], 30)
+    assert met
+    assert lines == [
+        "2 under the limit in every window: ratio 0.965 (0.960-0.970); target >= 0.95: met",
+        "1 at or over it in some window: of ideal 0.933 (0.933-0.933), busiest paced window "
+        "30.0% (median); target of ideal >= 0.9, busiest <= 35%: met"]
+    # Under its share it must keep 0.95 of its rate; over it, its busy time must stay within
+    # the band, however fast that makes it.
+    lines, met = verdict([windows([w * 0.94 for w in steady], steady)], 30)
+    assert (lines[0].endswith("target >= 0.95: MISSED"), met) == (True, False)
+    over_band = windows(paced=[800.0, 800.0, 800.0], unpaced=[700.0, 800.0, 300.0])
+    lines, met = verdict([over_band], 30)
+    assert not met and "busiest paced window 40.0% (median)" in lines[0]
+    assert lines[0].endswith("busiest <= 35%: MISSED")
+    lines, met = verdict([paced_run(0.5, steady, None)], 30)
+    assert (lines, met) == (["1 without NVML's busy %: not judged"], True)
 
 
 @functools.cache

@@ -134,6 +134,21 @@ def busy_percent(start: float, end: float) -> float | None:
 WAITED = re.compile(r"(\d+) waited for the bucket, ([\d.]+) s in all")
 
 
+#: The compute share's targets on real workloads (docs/BENCHMARKS.md): a workload under its
+#: share keeps >= UNDER of its unlimited rate; one over it gets its share +- BAND points of busy
+#: time and >= OVER of its ideal rate (ideal_rate).
+UNDER = 0.95
+OVER = 0.9
+BAND = 5
+
+
+def ideal_rate(rate: float, busy: float | None, cores: int) -> float:
+    """What a perfect limiter at cores% leaves a run of rate steps a second that kept the device
+    busy% busy unlimited: all of it under the limit, else rate x cores / busy (the rate itself
+    where NVML gave no figure)."""
+    return rate * min(1.0, cores / busy) if busy else rate
+
+
 def bucket_waits(log: str) -> tuple[int, float]:
     """The launches that waited for the bucket, and the seconds they waited in all, as the
     library's log at the info level tells them; (0, 0.0) where it told none."""
