@@ -12,6 +12,12 @@
  *   idle PERCENT KERNEL_US IDLE_MS
  *       After IDLE_MS without launches, one program launches back to back:
  *       prints "share FIRST", its share in the first 2-second window.
+ *   steps PERCENT KERNEL_US WORK_MS HOST_MS SECONDS
+ *       One program in steps, as a training loop: WORK_MS of KERNEL_US
+ *       kernels launched back to back, a sync (it waits until the device
+ *       has run them), then HOST_MS of host work with the device idle.
+ *       Prints "share MEAN MAX": the device's busy time over the whole run
+ *       and over its busiest 2-second window, in percent.
  *   gaps PERCENT KERNEL_US EVERY_US SECONDS
  *       One program launches a kernel of KERNEL_US every EVERY_US (the device
  *       idles between them: a launch-bound program), charged its kernel's
@@ -80,6 +86,21 @@ static void windows(int64_t from_slot, double *min, double *max)
     }
 }
 
+/* One launch of a kernel at now through the bucket: the wait the bucket asks
+ * first (nothing launched), or 0 once the kernel is queued on the device. */
+static int64_t launch(unsigned percent, int64_t kernel, int64_t now, int64_t *device_free,
+                      int64_t *bucket)
+{
+    int64_t wait = vc_bucket_wait(bucket, now);
+    if (wait > 0)
+        return wait;
+    vc_bucket_charge(bucket, now, kernel, percent);
+    int64_t begin = now > *device_free ? now : *device_free;
+    *device_free = begin + kernel;
+    mark(begin, *device_free);
+    return 0;
+}
+
 /* Launchers (each its own clock) share one bucket and one device from start to end. */
 static void simulate(unsigned percent, int64_t kernel, int launchers, int64_t overshoot,
                      int64_t start, int64_t end, int64_t *bucket)
@@ -94,16 +115,25 @@ static void simulate(unsigned percent, int64_t kernel, int launchers, int64_t ov
         int64_t now = clock[who];
         if (now >= end)
             return;
-        int64_t wait = vc_bucket_wait(bucket, now);
-        if (wait > 0) {
-            clock[who] = now + wait + overshoot;
-            continue;
+        int64_t wait = launch(percent, kernel, now, &device_free, bucket);
+        clock[who] = wait > 0 ? now + wait + overshoot : now + LAUNCH_NS;
+    }
+}
+
+/* One program in steps until end: kernels launched back to back until a
+ * step's work is queued, a wait until the device has run them (a sync),
+ * then host work with the device idle. */
+static void steps(unsigned percent, int64_t kernel, int64_t work, int64_t host, int64_t end,
+                  int64_t *bucket)
+{
+    int64_t now = 0, device_free = 0;
+    while (now < end) {
+        for (int64_t queued = 0; queued < work && now < end;) {
+            int64_t wait = launch(percent, kernel, now, &device_free, bucket);
+            now += wait > 0 ? wait : LAUNCH_NS;
+            queued += wait > 0 ? 0 : kernel;
         }
-        vc_bucket_charge(bucket, now, kernel, percent);
-        int64_t begin = now > device_free ? now : device_free;
-        device_free = begin + kernel;
-        mark(begin, device_free);
-        clock[who] = now + LAUNCH_NS;
+        now = (now > device_free ? now : device_free) + host;
     }
 }
 
@@ -142,6 +172,19 @@ int main(int argc, char **argv)
         double min, max;
         windows(idle / SLOT, &min, &max);
         printf("share %.2f\n", max);
+        return 0;
+    }
+    if (!strcmp(what, "steps") && argc == 7) {
+        int64_t seconds = atoll(argv[6]), total = 0;
+        nslots = seconds * 1000 * MS / SLOT;
+        busy = calloc((size_t)nslots, sizeof *busy);
+        steps((unsigned)atoi(argv[2]), atoll(argv[3]) * 1000, atoll(argv[4]) * MS,
+              atoll(argv[5]) * MS, seconds * 1000 * MS, &bucket);
+        for (int64_t i = 0; i < nslots; i++)
+            total += busy[i];
+        double min, max;
+        windows(0, &min, &max);
+        printf("share %.2f %.2f\n", 100.0 * (double)total / (double)(nslots * SLOT), max);
         return 0;
     }
     if (!strcmp(what, "gaps") && argc == 6) {
