@@ -15,7 +15,7 @@
 /* Idle wall time the bucket saves up. A program whose steps leave the device
  * idle for a while (a training step's host work, a sync) spends it in its
  * next busy spell instead of losing it: with 10 ms, training at 60 was
- * charged 56.6-58.3% in some runs and ran 54-56% busy. The share is judged
+ * charged 56.6-58.3% in some runs and ran 54-58% busy. The share is judged
  * over windows of 1 s or more, and saved-up time adds at most
  * (burst + slack) x share to one: 4.2 points at 99%, inside the 5 allowed. */
 #define VC_BUCKET_BURST_NS (40 * 1000 * 1000LL)

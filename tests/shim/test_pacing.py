@@ -743,8 +743,10 @@ def test_at_exit_the_log_tells_how_the_launches_were_timed_waited_and_charged(
     launches = int(result.stdout.splitlines()[-1].split()[2])
     paced, alone, in_runs, untimed, waits, waited, up_front = pacing_tally(result.stderr)
     assert paced == launches == alone + in_runs + untimed
-    # At 30% of the device, 1 ms kernels back to back wait about 70% of the time.
-    assert waits > 0 and 0.5 <= waited <= 1.0, (waits, waited)
+    # At 30% of the device, 1 ms kernels back to back keep their host waiting
+    # for the bucket nearly all of the load's second (a launch returns at
+    # once, the device idles 70%); the last wait may end a few ms past it.
+    assert waits > 0 and 0.5 <= waited <= 1.05, (waits, waited)
     # The benchmarks read the same from it.
     assert bucket_waits(result.stderr) == (waits, waited)
     assert up_front > 0
