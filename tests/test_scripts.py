@@ -109,28 +109,22 @@ def test_paced_windows_must_leave_part_of_each_window_counted() -> None:
     assert "--settle 0.2 leaves nothing of a 0.2 s window" in result.stderr
 
 
-def paced_run(ratio: float, unpaced: list[float], busy: float | None = 20.0) -> dict:
-    """A process as bench-paced-windows measures it: its paced windows run at ratio times its
-    unpaced ones, and NVML saw the device busy % over the run."""
-    return {"ratio": ratio, "paced": [rate * ratio for rate in unpaced], "unpaced": unpaced,
-            "busy": busy}
+def windows(paced: list[float], unpaced: list[float], step_ms: float | None = 0.5) -> dict:
+    """A process as bench-paced-windows measures it, whose steps each keep the device busy
+    step_ms: NVML's busy % over its run is its mean rate times that (None: NVML gave none)."""
+    rates = paced + unpaced
+    return {"ratio": statistics.median(paced) / statistics.median(unpaced), "paced": paced,
+            "unpaced": unpaced,
+            "busy": None if step_ms is None else statistics.mean(rates) * step_ms / 10}
 
 
 def test_a_window_over_the_limit_is_told_by_its_rate_times_a_steps_gpu_time() -> None:
     # 400 tokens a second on average at 20% busy: 0.5 ms of GPU time a token, so a window at
     # 600 a second kept the device 30% busy, and one at 580 29%.
-    run = paced_run(1.0, [200.0, 600.0, 580.0, 220.0])
+    run = windows([200.0, 600.0, 580.0, 220.0], [200.0, 600.0, 580.0, 220.0])
     assert script("bench-paced-windows").windows_over(run, 30) == 1
     assert script("bench-paced-windows").windows_over(run, 31) == 0
-    assert script("bench-paced-windows").windows_over(paced_run(1.0, [400.0], None), 30) is None
-
-
-def windows(paced: list[float], unpaced: list[float], step_ms: float = 0.5) -> dict:
-    """A process whose steps each keep the device busy step_ms: NVML's busy % over its run is
-    its mean rate times that."""
-    rates = paced + unpaced
-    return {"ratio": statistics.median(paced) / statistics.median(unpaced), "paced": paced,
-            "unpaced": unpaced, "busy": statistics.mean(rates) * step_ms / 10}
+    assert script("bench-paced-windows").windows_over(windows([400.0], [400.0], None), 30) is None
 
 
 def test_a_process_that_reached_its_limit_is_weighed_against_what_the_limit_leaves_it() -> None:
@@ -163,7 +157,7 @@ def test_each_process_is_judged_by_the_target_its_unpaced_windows_call_for() -> 
     lines, met = verdict([over_band], 30)
     assert not met and "busiest paced window 40.0% (median)" in lines[0]
     assert lines[0].endswith("busiest <= 35%: MISSED")
-    lines, met = verdict([paced_run(0.5, steady, None)], 30)
+    lines, met = verdict([windows([w * 0.5 for w in steady], steady, None)], 30)
     assert (lines, met) == (["1 without NVML's busy %: not judged"], True)
 
 

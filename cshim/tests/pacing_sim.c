@@ -60,6 +60,13 @@
 static int64_t *busy;       /* busy ns per 10 ms slot */
 static int64_t nslots;
 
+/* Slots for a run of ns, all idle. */
+static void make_slots(int64_t ns)
+{
+    nslots = ns / SLOT;
+    busy = calloc((size_t)nslots, sizeof *busy);
+}
+
 /* Marks [start, end) busy in the slots. */
 static void mark(int64_t start, int64_t end)
 {
@@ -153,8 +160,7 @@ int main(int argc, char **argv)
     int64_t bucket = 0;
     if (!strcmp(what, "share") && argc == 7) {
         int64_t seconds = atoll(argv[4]);
-        nslots = seconds * 1000 * MS / SLOT;
-        busy = calloc((size_t)nslots, sizeof *busy);
+        make_slots(seconds * 1000 * MS);
         simulate((unsigned)atoi(argv[2]), atoll(argv[3]) * 1000, atoi(argv[5]),
                  atoll(argv[6]) * 1000, 0, seconds * 1000 * MS, &bucket);
         double min, max;
@@ -164,8 +170,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(what, "idle") && argc == 5) {
         int64_t idle = atoll(argv[4]) * MS;
-        nslots = (idle + 2000 * MS) / SLOT;
-        busy = calloc((size_t)nslots, sizeof *busy);
+        make_slots(idle + 2000 * MS);
         bucket = 0;   /* last used long before */
         simulate((unsigned)atoi(argv[2]), atoll(argv[3]) * 1000, 1, 0, idle, idle + 2000 * MS,
                  &bucket);
@@ -176,8 +181,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(what, "steps") && argc == 7) {
         int64_t seconds = atoll(argv[6]), total = 0;
-        nslots = seconds * 1000 * MS / SLOT;
-        busy = calloc((size_t)nslots, sizeof *busy);
+        make_slots(seconds * 1000 * MS);
         steps((unsigned)atoi(argv[2]), atoll(argv[3]) * 1000, atoll(argv[4]) * MS,
               atoll(argv[5]) * MS, seconds * 1000 * MS, &bucket);
         for (int64_t i = 0; i < nslots; i++)
