@@ -20,6 +20,7 @@ from runtime_hook.contract import (
     resource_names,
 )
 from webhook.errors import WebhookError
+from webhook.json_errors import unreadable
 from webhook.quantity import QuantityError, parse_whole_quantity
 
 _RESOURCE_NAME = re.compile(r"[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -135,11 +136,13 @@ def config_from_mapping(values: Any) -> Config:
 def load_config(path: Path) -> Config:
     """Read and check a JSON configuration file; raise ConfigError naming the file."""
     try:
-        values = msgspec.json.decode(path.read_bytes())
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror}") from None
-    except msgspec.DecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    try:
+        values = msgspec.json.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        raise ConfigError(f"{path}: {unreadable(data)}") from None
     try:
         return config_from_mapping(values)
     except ConfigError as exc:

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from webhook.errors import WebhookError
+from webhook.json_errors import misfit, unreadable
 from webhook.pod import Pod
 from webhook.policy import Decision
 
@@ -83,10 +84,8 @@ def parse_review(body: bytes) -> ReviewRequest:
         raise BadReview(body_too_large(len(body)))
     try:
         review = _DECODER.decode(body)
-    except msgspec.DecodeError as exc:
-        return _parse_malformed(body, exc)
-    except (UnicodeDecodeError, RecursionError) as exc:
-        raise BadReview(_unreadable(exc)) from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return _parse_malformed(body)
     request, uid = _check_envelope(review.api_version, review.kind, review.request,
                                    review.request and review.request.uid)
     kind = request.kind
@@ -120,7 +119,7 @@ def render_response(uid: str, decision: Decision) -> bytes:
     return _RESPONSE_START + _ENCODER.encode(response) + b"}"
 
 
-def _parse_malformed(body: bytes, error: msgspec.DecodeError) -> ReviewRequest:
+def _parse_malformed(body: bytes) -> ReviewRequest:
     """The slow path, for a body the typed decoder refused: find out what is wrong with it.
 
     A body without a review to answer raises BadReview; a review whose pod is
@@ -128,10 +127,8 @@ def _parse_malformed(body: bytes, error: msgspec.DecodeError) -> ReviewRequest:
     """
     try:
         review = msgspec.json.decode(body)
-    except msgspec.DecodeError as exc:
-        raise BadReview(f"body is not JSON: {exc}") from None
-    except (UnicodeDecodeError, RecursionError) as exc:
-        raise BadReview(_unreadable(exc)) from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        raise BadReview(f"body is {unreadable(body)}") from None
     if not isinstance(review, dict):
         raise BadReview("body is not a JSON object")
     found = review.get("request")
@@ -148,14 +145,12 @@ def _parse_malformed(body: bytes, error: msgspec.DecodeError) -> ReviewRequest:
         kind=_kind_text(*(_text(kind.get(k)) for k in ("group", "version", "kind"))),
         is_pod=kind.get("group") == "" and kind.get("kind") == "Pod",
         dry_run=request.get("dryRun") is True,
-        malformed=str(error).replace("$.request.", "") if operation in _REVIEWED_OPERATIONS
-        else "")
+        malformed=_pod_misfit(request) if operation in _REVIEWED_OPERATIONS else "")
 
 
-def _unreadable(error: UnicodeDecodeError | RecursionError) -> str:
-    if isinstance(error, UnicodeDecodeError):
-        return f"body is not UTF-8: a string holds byte 0x{error.object[error.start]:02x}"
-    return "body is nested too deep to be an AdmissionReview"
+def _pod_misfit(request: dict) -> str:
+    """Where the request (its pods, most often) does not have the shape vcuda reads."""
+    return misfit(request, _Request, "request") or "it does not have the shape of a Pod"
 
 
 def _check_envelope(api_version: Any, kind: Any, request: _Request_ | None,
