@@ -11,6 +11,7 @@ from __future__ import annotations
 import configparser
 import hashlib
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -98,6 +99,22 @@ def test_the_image_holds_this_checkouts_node_runtime_configuration(image: str) -
     here = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in (ROOT / "manifests" / "node").iterdir()}
     assert inside == here
+
+
+def _pins(lines: str) -> dict[str, str]:
+    """name → version of ``name==version`` lines, names spelled as the locks spell them."""
+    found = (line.split(";")[0].split(" ")[0].split("==") for line in lines.splitlines()
+             if re.match(r"[A-Za-z0-9]", line) and "==" in line)
+    return {name.lower().replace("_", "-"): version for name, version in found}
+
+
+def test_the_image_holds_exactly_the_libraries_of_its_lock(image: str) -> None:
+    # pip and setuptools are those Debian's venv puts in; every other library is the lock's.
+    result = _run(image, "/opt/vcuda/bin/pip", "list", "--format=freeze", "--exclude", "vcuda",
+                  "--exclude", "pip", "--exclude", "setuptools")
+    assert result.returncode == 0, result.stderr
+    locked = _pins((ROOT / "requirements" / "runtime.txt").read_text())
+    assert _pins(result.stdout) == locked
 
 
 def test_the_image_runs_as_an_unprivileged_user_by_default(image: str) -> None:
