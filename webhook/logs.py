@@ -8,13 +8,13 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any, BinaryIO
 
 import msgspec
 import structlog
 
-from runtime_hook.contract import log_line
+from runtime_hook.contract import EVENT_FIELD, log_line
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -77,6 +77,23 @@ def _flush_at_exit() -> None:
 def _render(_: Any, method: str, event: MutableMapping[str, Any]) -> bytes:
     """The one processor: the contract's log line (time, level, then the event), as JSON."""
     return _ENCODER.encode(log_line(method, event, time.time()))
+
+
+def info_writer(log: Any) -> Callable[..., None]:
+    """``log.info`` for a logger of :func:`make_logger`, minus structlog's processor chain.
+
+    For the line that every request writes: the same JSON line, written the
+    same way, at a third of the cost. Any other logger gets its own ``info``.
+    """
+    writer = getattr(log, "_logger", None)
+    if not isinstance(writer, LineWriter) or getattr(log, "_context", None):
+        return log.info
+
+    def info(event: str, **fields: Any) -> None:
+        fields[EVENT_FIELD] = event
+        writer.info(_ENCODER.encode(log_line("info", fields, time.time())))
+
+    return info
 
 
 def make_logger(stream: BinaryIO) -> Any:
