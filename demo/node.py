@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from demo.commands import REPO
+from runtime_hook.confinement import CLONE_NEWUSER
 from runtime_hook.contract import (
     ACCOUNT_PATH,
     ANNOTATION_DOMAIN,
@@ -97,6 +98,23 @@ def device_count(container: dict[str, Any]) -> int:
     return sum(int(limits.get(resource, 0)) for resource in _DEVICE_RESOURCES)
 
 
+# What the demo gives a container of seccompProfile RuntimeDefault, standing in for
+# containerd's own default profile: a filter, in the runtime spec's form, that refuses
+# creating and joining user namespaces, as a limited container must have (containerd's is an
+# allow-list of several hundred calls; tests/cri runs that one).
+NO_USER_NAMESPACES = {
+    "defaultAction": "SCMP_ACT_ALLOW",
+    "syscalls": [
+        {"names": ["unshare", "setns"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
+        # ENOSYS, as RuntimeDefault answers: glibc then falls back to clone.
+        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38},
+        {"names": ["clone"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1,
+         "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER,
+                   "op": "SCMP_CMP_MASKED_EQ"}]},
+    ],
+}
+
+
 def container_config(pod: dict[str, Any], container: dict[str, Any], node: Node,
                      devices: tuple[str, ...]) -> dict[str, Any]:
     """The config.json containerd would write for ``container`` of the admitted ``pod``."""
@@ -121,6 +139,10 @@ def container_config(pod: dict[str, Any], container: dict[str, Any], node: Node,
     config["process"].update(terminal=False, args=["/bin/sh", "-c", _PROBE],
                              env=["PATH=/bin", *plugin_env])
     config["mounts"] = [*config["mounts"], *plugin_mounts]
+    profile = (container.get("securityContext") or {}).get("seccompProfile") or \
+        (pod["spec"].get("securityContext") or {}).get("seccompProfile") or {}
+    if profile.get("type") == "RuntimeDefault":
+        config["linux"]["seccomp"] = NO_USER_NAMESPACES
     return config
 
 

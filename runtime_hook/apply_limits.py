@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from runtime_hook import device_assignment, inject, ledger, syscalls
+from runtime_hook import confinement, device_assignment, inject, ledger, syscalls
 from runtime_hook.contract import ACCOUNT_PATH, Limits, read_inventory, render_limits
 from runtime_hook.device_assignment import Devices
 from runtime_hook.hook_cli import LOCK_TIMEOUT, Flags
@@ -20,6 +20,10 @@ from runtime_hook.node_state import (
 )
 from runtime_hook.oci_spec import Container
 
+_FIX_CONFINEMENT = (
+    "give the container seccompProfile RuntimeDefault (vcuda's webhook sets it) and no "
+    "CAP_SYS_ADMIN; see the README's threat model"
+)
 _FIX_OVERCOMMIT = (
     "lower the container's vcuda-memory or vcuda-core, or start it once other containers "
     "on that GPU stop"
@@ -28,6 +32,9 @@ _FIX_OVERCOMMIT = (
 
 def apply(container: Container, request: Request, flags: Flags, log: HookLog) -> None:
     """Commit ``request`` on this node's GPUs and mount the shim's files into ``container``."""
+    escape = confinement.escape_left_open(container.seccomp, container.capabilities)
+    if escape:
+        raise HookError(f"the container is limited, but {escape}", _FIX_CONFINEMENT)
     inventory = read_inventory(flags.inventory)
     if inventory is None:
         log.warning(f"no GPU inventory at {flags.inventory}: GPU memory is not checked")

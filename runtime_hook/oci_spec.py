@@ -24,12 +24,14 @@ class Container(Record):
     ``id``, ``pid`` and ``bundle`` from the state; ``annotations`` (dict);
     ``rootfs`` (host path), ``readonly`` (whether the runtime makes the root
     read-only), ``env`` (a tuple) and ``mounts`` (a tuple of
-    ``(destination, source, is_bind)``) from config.json.
+    ``(destination, source, is_bind)``), ``seccomp`` (``linux.seccomp``, None
+    without a filter) and ``capabilities`` (``process.capabilities``) from config.json.
     """
 
-    _fields = ("id", "pid", "bundle", "annotations", "rootfs", "readonly", "env", "mounts")
+    _fields = ("id", "pid", "bundle", "annotations", "rootfs", "readonly", "env", "mounts",
+               "seccomp", "capabilities")
     __slots__ = _fields
-    _defaults = ("", False, (), ())
+    _defaults = ("", False, (), (), None, None)
     id: str
     pid: int
     bundle: str
@@ -38,6 +40,8 @@ class Container(Record):
     readonly: bool
     env: tuple[str, ...]
     mounts: tuple[tuple[str, str, bool], ...]
+    seccomp: dict | None
+    capabilities: dict | None
 
 
 def parse_state(raw: bytes) -> Container:
@@ -81,7 +85,8 @@ def load_config(container: Container) -> Container:
         root = config["root"]["path"]
         annotations = config.get("annotations")
         annotations = {} if annotations is None else annotations
-        env = tuple((config.get("process") or {}).get("env") or ())
+        process = config.get("process") or {}
+        env = tuple(process.get("env") or ())
         mounts = tuple(_mount(m) for m in config.get("mounts") or ())
         if not isinstance(root, str) or not root or not isinstance(annotations, dict):
             raise TypeError("root.path or annotations")
@@ -98,6 +103,8 @@ def load_config(container: Container) -> Container:
         readonly=config["root"].get("readonly") is True,
         env=env,
         mounts=mounts,
+        seccomp=(config.get("linux") or {}).get("seccomp"),
+        capabilities=process.get("capabilities"),
     )
 
 

@@ -50,6 +50,9 @@ class Config:
         scheduler_name: when set, the scheduler of pods that use GPUs
             (``vcuda-scheduler`` on clusters whose default scheduler cannot call
             vcuda's extender); None leaves ``spec.schedulerName`` alone.
+        trusted_seccomp_profiles: the ``localhostProfile`` names of seccomp profiles on
+            the nodes that refuse user namespaces, which a limited container may use
+            instead of RuntimeDefault (the hook checks the filter again at start).
     """
 
     domains: tuple[str, ...] = DEFAULT_DOMAINS
@@ -60,6 +63,7 @@ class Config:
     max_gpu_memory_from_nodes: bool = True
     deny_direct_shared: bool = True
     scheduler_name: str | None = None
+    trusted_seccomp_profiles: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -115,6 +119,8 @@ _TYPES: dict[str, tuple[type, str]] = {
     "max_gpu_memory": (str, "a quantity such as \"80Gi\" or a number of bytes"),
     "deny_direct_shared": (bool, "true or false"),
     "scheduler_name": (str, "a scheduler name such as \"vcuda-scheduler\", or null"),
+    "trusted_seccomp_profiles": (list, "a list of localhostProfile names such as "
+                                       "\"profiles/gpu.json\""),
 }
 
 
@@ -156,8 +162,8 @@ def _convert(key: str, value: Any) -> Any:
             return parse_whole_quantity(value)
         except QuantityError:
             raise ConfigError(f"{key}: expected {wanted}, got {value!r}") from None
-    if key == "domains":
-        if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
+    if key in ("domains", "trusted_seccomp_profiles"):
+        if not isinstance(value, list) or not all(isinstance(d, str) and d for d in value):
             raise ConfigError(f"{key}: expected {wanted}, got {value!r}")
         return tuple(value)
     if key == "scheduler_name" and value is None:

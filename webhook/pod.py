@@ -19,9 +19,19 @@ class Capabilities(msgspec.Struct, frozen=True):
     add: list[str] | None = None
 
 
-class SecurityContext(msgspec.Struct, frozen=True):
+class SeccompProfile(msgspec.Struct, frozen=True, rename="camel"):
+    type: str | None = None
+    localhost_profile: str | None = None
+
+
+class SecurityContext(msgspec.Struct, frozen=True, rename="camel"):
     privileged: bool | None = None
     capabilities: Capabilities | None = None
+    seccomp_profile: SeccompProfile | None = None
+
+
+class PodSecurityContext(msgspec.Struct, frozen=True, rename="camel"):
+    seccomp_profile: SeccompProfile | None = None
 
 
 class Resources(msgspec.Struct, frozen=True):
@@ -40,6 +50,7 @@ class PodSpec(msgspec.Struct, frozen=True, rename="camel"):
     init_containers: list[Container] | None = None
     runtime_class_name: str | None = None
     scheduler_name: str | None = None
+    security_context: PodSecurityContext | None = None
 
 
 class ObjectMeta(msgspec.Struct, frozen=True, rename="camel"):

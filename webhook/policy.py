@@ -19,8 +19,9 @@ from runtime_hook.contract import (
 )
 from webhook.config import Config
 from webhook.patch import Operation, PatchBuilder
-from webhook.pod import Container, ObjectMeta, Pod, Quantity, SecurityContext
+from webhook.pod import Container, ObjectMeta, Pod, Quantity, SeccompProfile, SecurityContext
 from webhook.quantity import QuantityError, parse_whole_quantity
+from webhook.seccomp import default_profile, seccomp_problem
 
 _ANNOTATIONS_PATH = "/metadata/annotations"
 _LIMITS_ANNOTATION_PATH = f"{_ANNOTATIONS_PATH}/{pointer_token(LIMITS_ANNOTATION)}"
@@ -75,9 +76,10 @@ def decide(pod: Pod | None, operation: str, old_pod: Pod | None, config: Config)
 class _Findings:
     """What the review of one pod's containers found, gathered before deciding."""
 
-    __slots__ = ("limits", "patch", "problems", "uses_gpus", "warnings")
+    __slots__ = ("limits", "patch", "pod_seccomp", "problems", "uses_gpus", "warnings")
 
-    def __init__(self) -> None:
+    def __init__(self, pod_seccomp: SeccompProfile | None = None) -> None:
+        self.pod_seccomp = pod_seccomp  # the pod's own seccompProfile, for containers without
         self.problems: list[str] = []
         self.warnings: list[str] = []
         self.limits: dict[str, dict[str, int]] = {}
@@ -93,7 +95,7 @@ _Mode = tuple[str, int, Optional[dict[str, int]]]
 def _review_create(pod: Pod, config: Config) -> Decision:
     spec = pod.spec
     watched = config.watched_resources
-    findings = _Findings()
+    findings = _Findings(spec.security_context.seccomp_profile if spec.security_context else None)
     for list_name, label, containers in (("initContainers", "init container",
                                           spec.init_containers),
                                          ("containers", "container", spec.containers)):
@@ -173,6 +175,22 @@ def _review_container(container: Container, limits: _Values, requests: _Values,
             problems.append(f'{who}: the name "{container.name}" is used by two containers; '
                             "give each container its own name")
         findings.limits[container.name] = shares
+        _hold_seccomp(container, resources_path.removesuffix("resources/"), who, config,
+                      findings)
+
+
+def _hold_seccomp(container: Container, container_path: str, who: str, config: Config,
+                  findings: _Findings) -> None:
+    """A limited container keeps a profile that refuses user namespaces, or gets RuntimeDefault."""
+    context = container.security_context
+    own = context.seccomp_profile if context else None
+    profile, whose = (own, "its") if own is not None else (findings.pod_seccomp, "the pod's")
+    if profile is None:
+        findings.patch.add(*default_profile(container, container_path))
+        return
+    problem = seccomp_problem(profile, whose, who, config)
+    if problem:
+        findings.problems.append(problem)
 
 
 def _canonical_domain(limits: _Values, requests: _Values, keys: tuple[str, str],

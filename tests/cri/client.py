@@ -96,7 +96,7 @@ class Cri:
     def create(self, pod: Pod, name: str, command: list[str], env: dict[str, str] | None = None,
                mounts: dict[str, str] | None = None, attempt: int = 0,
                image: str = BUSYBOX_IMAGE, cdi_devices: list[str] | None = None,
-               annotations: dict[str, str] | None = None) -> str:
+               annotations: dict[str, str] | None = None, seccomp: bool = True) -> str:
         """Create container ``name`` (restart number ``attempt``) in ``pod``; return its id.
 
         ``env`` and ``mounts`` (container path -> host path, read-only) are what kubelet
@@ -119,7 +119,9 @@ class Cri:
             annotations={"io.kubernetes.container.restartCount": str(attempt),
                          **(annotations or {})},
             log_path=f"{name}/{attempt}.log",
-            linux=api.LinuxContainerConfig(),
+            linux=api.LinuxContainerConfig(security_context=api.LinuxContainerSecurityContext(
+                seccomp=api.SecurityProfile(profile_type=api.SecurityProfile.RuntimeDefault
+                                            if seccomp else api.SecurityProfile.Unconfined))),
             CDI_devices=[api.CDIDevice(name=device) for device in cdi_devices or ()],
         )
         answer = self._call(self._runtime, "CreateContainer", api.CreateContainerRequest(

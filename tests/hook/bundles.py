@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from demo.node import NO_USER_NAMESPACES
 from runtime_hook.device_assignment import device_plugin_spec
 from tests.busybox_root import make_busybox_root
 
@@ -20,8 +21,12 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 HOOK_ENV = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 APPLETS = (
     *("sh", "cat", "ls", "echo", "touch", "sleep", "true", "stat", "awk", "sha256sum"),
-    *("mv", "rm", "rmdir", "umount", "unshare"),
+    *("mv", "rm", "rmdir", "umount", "unshare", "mount"),
 )
+# What containerd gives a container's process that asks for none (its default set).
+CONTAINERD_CAPABILITIES = tuple(f"CAP_{name}" for name in (
+    "CHOWN", "DAC_OVERRIDE", "FSETID", "FOWNER", "MKNOD", "NET_RAW", "SETGID", "SETUID",
+    "SETFCAP", "SETPCAP", "NET_BIND_SERVICE", "SYS_CHROOT", "KILL", "AUDIT_WRITE"))
 
 
 def make_rootfs(path: Path) -> Path:
@@ -91,8 +96,13 @@ def write_bundle(
     hooks: dict | None = None,
     readonly: bool = False,
     uid: int = 0,
+    seccomp: dict | None = NO_USER_NAMESPACES,
+    capabilities: tuple[str, ...] = (),
 ) -> Path:
     """Write ``bundle/config.json`` from ``spec``; the root must be at ``bundle/rootfs``.
+
+    The process gets ``seccomp`` (None: no filter) and, besides the spec's own, the
+    ``capabilities`` named.
 
     ``gpus`` are given as NVIDIA's device plugin gives them (volume mounts and
     its variable), before the container's own ``env``, as kubelet orders them.
@@ -103,6 +113,10 @@ def write_bundle(
     config["process"]["env"] = [*config["process"]["env"], *plugin_env, *env]
     config["mounts"] = [*config["mounts"], *plugin_mounts]
     config["root"] = {"path": "rootfs", "readonly": readonly}
+    if seccomp is not None:
+        config["linux"]["seccomp"] = seccomp
+    for kind in config["process"]["capabilities"].values():
+        kind.extend(capabilities)
     if annotations is not None:
         config["annotations"] = {"io.kubernetes.cri.container-name": name, **annotations}
     if hooks is not None:

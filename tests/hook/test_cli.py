@@ -11,11 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from demo.node import NO_USER_NAMESPACES
 from runtime_hook.device_assignment import device_plugin_spec
 from runtime_hook.hook_log import HookLog
 from runtime_hook.ledger import Entry, commit
 from runtime_hook.node_state import StateDir
-from tests.hook.bundles import HOOK_SCRIPT, PYTHON, REPO, HookSetup, limits_annotation
+from tests.hook.bundles import (
+    HOOK_SCRIPT,
+    PYTHON,
+    REPO,
+    HookSetup,
+    limits_annotation,
+)
 
 GIB = 1 << 30
 
@@ -41,7 +48,7 @@ def _state(tmp_path: Path, annotations: dict[str, str]) -> bytes:
     annotations = {"io.kubernetes.cri.container-name": "train", **annotations}
     env, mounts = device_plugin_spec(["GPU-a"])
     config = {"root": {"path": "rootfs"}, "process": {"env": env}, "mounts": mounts,
-              "annotations": annotations}  # fmt: skip
+              "annotations": annotations, "linux": {"seccomp": NO_USER_NAMESPACES}}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
     state = {"id": "c1", "pid": os.getpid(), "bundle": str(tmp_path), "annotations": annotations}
     return json.dumps(state).encode()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime_hook.contract import Gpu, parse_limits, write_inventory
-from tests.hook.bundles import HookSetup, Runtime, limits_annotation
+from tests.hook.bundles import CONTAINERD_CAPABILITIES, HookSetup, Runtime, limits_annotation
 from tests.hook.conftest import BuildBundle
 
 GIB = 1 << 30
@@ -196,30 +196,59 @@ def test_a_directory_on_a_volume_is_refused(
     )
 
 
-# In a user namespace of its own, root in the container holds CAP_SYS_ADMIN over a copy of
-# its mounts; the copies are locked together, so it can still not take one away.
-_USERNS_DETACH = f"""
-unshare -Um sh -c '
-for p in {' '.join(_PINNED)}; do
-    umount -l $p 2>/dev/null && echo "UNMOUNTED $p"
-    mv $p $p.moved 2>/dev/null && echo "MOVED $p"
-done
-echo IN-USERNS
-cat /etc/ld.so.preload /etc/vcuda/limits' || echo "NO-USERNS"
-"""
+# The attack of a user namespace: in a new user and mount namespace the tenant holds every
+# capability, mounts an empty file over the preload list and a tmpfs over /etc/vcuda, and
+# what it runs there loads no libvcuda.so.
+_USERNS_ESCAPE = (
+    "touch /tmp/e; unshare -Urm sh -c 'mount --bind /tmp/e /etc/ld.so.preload && "
+    "mount -t tmpfs none /etc/vcuda && echo ESCAPED'; cat /etc/ld.so.preload /etc/vcuda/limits"
+)
 
 
-def test_a_user_namespace_of_its_own_does_not_let_root_detach_its_limits(
+@pytest.mark.parametrize("uid", [0, 1000], ids=["root", "uid 1000"])
+def test_the_user_namespace_escape_is_refused_by_the_seccomp_filter_the_hook_requires(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup, uid: int
+) -> None:
+    _inventory(hook)
+    result = _start(runc, bundle, hook, f"userns{uid}", gpus=(GPU0,), uid=uid,
+                    capabilities=CONTAINERD_CAPABILITIES, args=("sh", "-c", _USERNS_ESCAPE))
+    assert result.returncode == 0, result.stderr
+    assert "ESCAPED" not in result.stdout
+    preload, limits = result.stdout.split("\n", 1)
+    assert preload.endswith("libvcuda.so")
+    assert parse_limits(limits).devices == (GPU0,)
+
+
+def test_a_limited_container_without_a_seccomp_filter_does_not_start(
     runc: Runtime, bundle: BuildBundle, hook: HookSetup
 ) -> None:
     _inventory(hook)
-    result = _start(runc, bundle, hook, "userns", args=("sh", "-c", _USERNS_DETACH), gpus=(GPU0,))
-    assert result.returncode == 0, result.stderr
-    if "IN-USERNS" not in result.stdout:
-        pytest.skip(f"this kernel gives the container no user namespace: {result.stderr!r}")
-    lines = result.stdout.splitlines()
-    assert not [line for line in lines if line.split()[0] in ("MOVED", "UNMOUNTED")], lines
-    assert lines[lines.index("IN-USERNS") + 1] == "/usr/local/vcuda/lib/libvcuda.so"
-    assert parse_limits("\n".join(lines[lines.index("IN-USERNS") + 2 :]) + "\n").devices == (
-        GPU0,
+    result = _start(runc, bundle, hook, "unconfined", gpus=(GPU0,), seccomp=None,
+                    capabilities=CONTAINERD_CAPABILITIES, args=("sh", "-c", _USERNS_ESCAPE))
+    assert result.returncode != 0
+    assert _hook_line(result.stderr) == (
+        "vcuda-hook: container main (unconfined): the container is limited, but it runs "
+        "without a seccomp filter, so it can create a user namespace and mount over the limits; "
+        "fix: give the container seccompProfile RuntimeDefault (vcuda's webhook sets it) and "
+        "no CAP_SYS_ADMIN; see the README's threat model"
     )
+    assert not list(hook.state_dir.glob("containers/*"))  # nothing committed
+
+
+def test_a_limited_container_with_cap_sys_admin_does_not_start(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    _inventory(hook)
+    result = _start(runc, bundle, hook, "admin", gpus=(GPU0,), capabilities=("CAP_SYS_ADMIN",),
+                    args=("umount", "/etc/ld.so.preload"))
+    assert result.returncode != 0
+    assert "its process holds CAP_SYS_ADMIN, with which it can unmount the limits" in (
+        _hook_line(result.stderr))
+
+
+def test_an_unlimited_container_runs_without_a_seccomp_filter(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    path = bundle(["true"], annotations={}, hooks=hook.hooks(), seccomp=None)
+    result = runc.run(path, "plain")
+    assert result.returncode == 0, result.stderr

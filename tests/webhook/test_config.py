@@ -37,7 +37,9 @@ def test_every_setting_can_be_given_in_a_file() -> None:
     values = {f.name: getattr(defaults, f.name) for f in fields(Config)
               if f.name != "max_gpu_memory_from_nodes"}  # follows from max_gpu_memory
     values["domains"] = list(values["domains"])
-    assert config_from_mapping(values) == replace(defaults, max_gpu_memory_from_nodes=False)
+    values["trusted_seccomp_profiles"] = ["profiles/gpu.json"]
+    assert config_from_mapping(values) == replace(
+        defaults, max_gpu_memory_from_nodes=False, trusted_seccomp_profiles=("profiles/gpu.json",))
 
 
 def test_max_gpu_memory_in_a_file_wins_over_what_the_nodes_publish() -> None:
@@ -68,6 +70,10 @@ def test_max_gpu_memory_may_be_bytes() -> None:
     ({"max_gpu_memory": "lots"}, "max_gpu_memory: expected a quantity"),
     ({"max_gpu_memory": "100Mi"}, "max_gpu_memory: must be at least 256Mi"),
     ({"deny_direct_shared": "yes"}, "deny_direct_shared: expected true or false, got 'yes'"),
+    ({"trusted_seccomp_profiles": "gpu.json"},
+     "trusted_seccomp_profiles: expected a list of localhostProfile names"),
+    ({"trusted_seccomp_profiles": [""]},
+     "trusted_seccomp_profiles: expected a list of localhostProfile names"),
     (["docker.com"], "the configuration must be a JSON object"),
 ])
 def test_bad_settings_name_the_key_and_what_is_allowed(values: object, message: str) -> None:
