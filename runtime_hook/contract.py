@@ -191,6 +191,8 @@ MAX_GPU_MEMORY_ANNOTATION = f"{ANNOTATION_DOMAIN}/max-gpu-memory"
 ENABLED_LABEL = f"{ANNOTATION_DOMAIN}/enabled"  # Node: "true" where vcuda's DaemonSet runs
 SHARED_RESOURCE = f"{ANNOTATION_DOMAIN}/shared-gpu"  # vcuda's device plugin: one a share
 WHOLE_RESOURCE = f"{ANNOTATION_DOMAIN}/gpu"  # vcuda's device plugin: one a whole GPU
+# NVIDIA's device plugin with time-slicing and renameByDefault: one a share (the default path).
+NVIDIA_SHARED_RESOURCE = "nvidia.com/gpu.shared"
 
 
 def render_limits_annotation(limits: dict[str, dict[str, int]]) -> str:

@@ -13,6 +13,8 @@ import msgspec
 from runtime_hook.contract import (
     DEFAULT_DOMAINS,
     MEMORY_UNIT,
+    NVIDIA_SHARED_RESOURCE,
+    SHARED_RESOURCE,
     ContractError,
     check_domains,
     is_dns_subdomain,
@@ -45,8 +47,6 @@ class Config:
             the largest share vcuda's node agents publish, where it can read the Nodes
             (``max_gpu_memory`` then stands while none does); a configuration file that
             sets ``max_gpu_memory`` turns it off.
-        deny_direct_shared: deny containers that ask for ``shared_resource``
-            themselves, which would give them a shared GPU with no limits.
         scheduler_name: when set, the scheduler of pods that use GPUs
             (``vcuda-scheduler`` on clusters whose default scheduler cannot call
             vcuda's extender); None leaves ``spec.schedulerName`` alone.
@@ -56,12 +56,11 @@ class Config:
     """
 
     domains: tuple[str, ...] = DEFAULT_DOMAINS
-    shared_resource: str = "nvidia.com/gpu.shared"
+    shared_resource: str = NVIDIA_SHARED_RESOURCE
     exclusive_resource: str = "nvidia.com/gpu"
     runtime_class: str = "vcuda"
     max_gpu_memory: int = 80 << 30
     max_gpu_memory_from_nodes: bool = True
-    deny_direct_shared: bool = True
     scheduler_name: str | None = None
     trusted_seccomp_profiles: tuple[str, ...] = ()
 
@@ -106,9 +105,15 @@ class Config:
         return {name: pointer_token(name) for name in names}
 
     @cached_property
+    def shared_resources(self) -> frozenset[str]:
+        """Every device-plugin resource of a shared GPU vcuda knows, whichever is configured:
+        a container that asks for one itself would share a GPU without limits."""
+        return frozenset((self.shared_resource, NVIDIA_SHARED_RESOURCE, SHARED_RESOURCE))
+
+    @cached_property
     def watched_resources(self) -> frozenset[str]:
         """Every resource name that makes a container worth a closer look."""
-        return frozenset(k for keys in self.vcuda_keys for k in keys[1:]) | {self.shared_resource}
+        return frozenset(k for keys in self.vcuda_keys for k in keys[1:]) | self.shared_resources
 
 
 _TYPES: dict[str, tuple[type, str]] = {
@@ -117,7 +122,7 @@ _TYPES: dict[str, tuple[type, str]] = {
     "exclusive_resource": (str, "a resource name"),
     "runtime_class": (str, "a RuntimeClass name"),
     "max_gpu_memory": (str, "a quantity such as \"80Gi\" or a number of bytes"),
-    "deny_direct_shared": (bool, "true or false"),
+    "deny_direct_shared": (bool, "true (a shared GPU asked for directly has no limits)"),
     "scheduler_name": (str, "a scheduler name such as \"vcuda-scheduler\", or null"),
     "trusted_seccomp_profiles": (list, "a list of localhostProfile names such as "
                                        "\"profiles/gpu.json\""),
@@ -134,6 +139,10 @@ def config_from_mapping(values: Any) -> Config:
     settings: dict[str, Any] = {}
     for key, value in values.items():
         settings[key] = _convert(key, value)
+    if settings.pop("deny_direct_shared", True) is not True:
+        raise ConfigError("deny_direct_shared: false is no longer allowed: a container that asks "
+                          "for a shared GPU's resource itself would run without limits; remove "
+                          "the key")
     if "max_gpu_memory" in settings:  # set by the operator: it wins over what nodes publish
         settings["max_gpu_memory_from_nodes"] = False
     return Config(**settings)

@@ -160,6 +160,10 @@ def _review_container(container: Container, limits: _Values, requests: _Values,
     backends = config.backend_resources
     if not backends.isdisjoint(limits) or (requests and not backends.isdisjoint(requests)):
         _check_backend(limits, requests, backend, count, who, keys[0], config, problems)
+    foreign = _shared_asked_directly(limits, requests, config, but=config.shared_resource)
+    if foreign:
+        problems.append(f"{who} asks for {keys[0]} and for {foreign} as well, a shared GPU "
+                        f"that vcuda does not give here and would not limit; remove {foreign}")
     if len(problems) > count_before:
         return
     # A backend resource already present agrees (checked above), so only add.
@@ -223,15 +227,25 @@ def _vcuda_keys(limits: _Values, requests: _Values, config: Config, who: str,
         problems.append(
             f"{who} mixes vcuda resources of {' and '.join(k[0] for k in used)}; "
             f"write all of them under one domain, e.g. {used[0][1]} and {used[0][2]}")
-    elif config.deny_direct_shared and (
-            (limits and config.shared_resource in limits)
-            or (requests and config.shared_resource in requests)):
-        core_key, memory_key = config.vcuda_keys[0][1:]
-        problems.append(
-            f"{who} asks for {config.shared_resource} directly, which would give it a shared "
-            f"GPU without limits; ask for {core_key}: {SHARES} and {memory_key}: N "
-            "(units of 256 MiB) instead")
+    else:
+        direct = _shared_asked_directly(limits, requests, config)
+        if direct:
+            core_key, memory_key = config.vcuda_keys[0][1:]
+            problems.append(
+                f"{who} asks for {direct} directly, which would give it a shared GPU without "
+                f"limits; ask for {core_key}: {SHARES} and {memory_key}: N (units of 256 MiB) "
+                "instead")
     return None
+
+
+def _shared_asked_directly(limits: _Values, requests: _Values, config: Config,
+                           but: str = "") -> str:
+    """The first shared-GPU resource other than ``but`` that ``limits`` or ``requests`` name,
+    "" when none does."""
+    for values in (limits, requests):
+        for name in sorted(config.shared_resources.intersection(values or ()) - {but}):
+            return name
+    return ""
 
 
 def _check_requests_match_limits(limits: _Values, requests: dict[str, Quantity],

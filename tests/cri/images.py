@@ -20,7 +20,8 @@ from tests.busybox_root import BUSYBOX
 
 PAUSE = "localhost/vcuda-test/pause:1"
 BUSYBOX_IMAGE = "localhost/vcuda-test/busybox:1"
-_APPLETS = ("sh", "sleep", "cat", "echo", "ls", "grep", "mount", "umount", "rm", "mv", "true")
+_APPLETS = ("sh", "sleep", "cat", "echo", "ls", "grep", "mount", "umount", "rm", "mv", "true",
+            "touch", "unshare")
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 _IMAGES = {PAUSE: {"Entrypoint": ["/bin/sleep", "2147483647"]}, BUSYBOX_IMAGE: {"Cmd": ["sh"]}}
 

@@ -223,3 +223,25 @@ def test_containerd_restarted_while_a_limited_container_runs_leaves_the_ledger_r
     assert read(node, worker, "/etc/vcuda/limits") is not None
     node.cri.stop(worker)
     _wait_for_ledger(node, [])
+
+
+def test_containerds_default_profile_stops_the_user_namespace_escape(node: ContainerdNode) -> None:
+    pod = _limited_pod(node, "train", worker=(30, 2 * GIB))
+    worker = node.cri.run(pod, "worker", SLEEP, **_on_gpu(0))  # RuntimeDefault, as kubelet asks
+    answer = node.cri.exec(worker, "sh", "-c", "touch /tmp/e; unshare -Urm sh -c "
+                           "'mount --bind /tmp/e /etc/ld.so.preload && echo ESCAPED'")
+    assert answer.exit_code != 0
+    assert b"ESCAPED" not in answer.stdout
+    assert b"Operation not permitted" in answer.stderr, answer.stderr
+    assert read(node, worker, "/etc/ld.so.preload") == PRELOAD
+
+
+def test_an_unconfined_limited_container_is_refused_by_the_hook(node: ContainerdNode) -> None:
+    container, line = refused(node, _limited_pod(node, "open", worker=(30, 2 * GIB)),
+                              seccomp=False, **_on_gpu(0))
+    assert line == (
+        f"vcuda-hook: container default/open/worker ({container[:12]}): the container is "
+        "limited, but it runs without a seccomp filter, so it can create a user namespace and "
+        "mount over the limits; fix: give the container seccompProfile RuntimeDefault (vcuda's "
+        "webhook sets it) and no CAP_SYS_ADMIN; see the README's threat model")
+    assert node.ledger() == []

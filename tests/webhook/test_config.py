@@ -18,18 +18,17 @@ def test_defaults_follow_the_architecture() -> None:
     assert config.runtime_class == "vcuda"
     assert config.max_gpu_memory == 80 << 30
     assert config.max_gpu_memory_from_nodes is True  # where the server can read the Nodes
-    assert config.deny_direct_shared is True
 
 
 def test_a_file_sets_every_key(tmp_path: Path) -> None:
     path = tmp_path / "vcuda.json"
     path.write_text('{"domains": ["example.org"], "shared_resource": "example.org/gpu-share",'
                     ' "exclusive_resource": "example.org/gpu", "runtime_class": "limited",'
-                    ' "max_gpu_memory": "141Gi", "deny_direct_shared": false}')
+                    ' "max_gpu_memory": "141Gi", "deny_direct_shared": true}')
     assert load_config(path) == Config(
         domains=("example.org",), shared_resource="example.org/gpu-share",
         exclusive_resource="example.org/gpu", runtime_class="limited",
-        max_gpu_memory=141 << 30, max_gpu_memory_from_nodes=False, deny_direct_shared=False)
+        max_gpu_memory=141 << 30, max_gpu_memory_from_nodes=False)
 
 
 def test_every_setting_can_be_given_in_a_file() -> None:
@@ -69,7 +68,11 @@ def test_max_gpu_memory_may_be_bytes() -> None:
     ({"runtime_class": "Not Valid"}, "runtime_class: 'Not Valid' is not a RuntimeClass name"),
     ({"max_gpu_memory": "lots"}, "max_gpu_memory: expected a quantity"),
     ({"max_gpu_memory": "100Mi"}, "max_gpu_memory: must be at least 256Mi"),
-    ({"deny_direct_shared": "yes"}, "deny_direct_shared: expected true or false, got 'yes'"),
+    ({"deny_direct_shared": "yes"}, "deny_direct_shared: expected true (a shared GPU asked for "
+                                    "directly has no limits), got 'yes'"),
+    ({"deny_direct_shared": False}, "deny_direct_shared: false is no longer allowed: a container "
+                                    "that asks for a shared GPU's resource itself would run "
+                                    "without limits; remove the key"),
     ({"trusted_seccomp_profiles": "gpu.json"},
      "trusted_seccomp_profiles: expected a list of localhostProfile names"),
     ({"trusted_seccomp_profiles": [""]},

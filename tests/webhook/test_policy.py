@@ -254,10 +254,28 @@ def test_asking_for_the_shared_resource_directly_is_denied() -> None:
                        "and docker.com/vcuda-memory: N (units of 256 MiB) instead")
 
 
-def test_asking_for_the_shared_resource_directly_may_be_allowed_by_config() -> None:
-    decision = create(pod(container("train", limits={"nvidia.com/gpu.shared": "1"})),
-                      Config(deny_direct_shared=False))
-    assert decision == Decision(allowed=True)
+_PLACEMENT = Config(shared_resource="vcuda.io/shared-gpu", exclusive_resource="vcuda.io/gpu")
+
+
+@pytest.mark.parametrize("config", [DEFAULT, _PLACEMENT], ids=["nvidia", "placement"])
+@pytest.mark.parametrize("resource", ["nvidia.com/gpu.shared", "vcuda.io/shared-gpu"])
+@pytest.mark.parametrize("where", ["limits", "requests", "sidecar"])
+def test_every_shared_gpu_resource_asked_for_directly_is_denied_whatever_the_configuration(
+        config: Config, resource: str, where: str) -> None:
+    asking = container("train", **{"requests" if where == "requests" else "limits":
+                                   {resource: "1"}})
+    containers = (shared("limited"), asking) if where == "sidecar" else (asking,)
+    assert f'container "train" asks for {resource} directly, which would give it a shared ' \
+           "GPU without limits" in denial(pod(*containers), config)
+
+
+def test_a_share_that_also_asks_for_another_paths_shared_gpu_is_denied() -> None:
+    both = shared("train")
+    both["resources"]["limits"]["vcuda.io/shared-gpu"] = "1"
+    assert denial(pod(both)) == (
+        'container "train" asks for docker.com/vcuda-core and for vcuda.io/shared-gpu as well, '
+        "a shared GPU that vcuda does not give here and would not limit; remove "
+        "vcuda.io/shared-gpu")
 
 
 def test_whole_gpus_asked_for_directly_are_left_alone() -> None:
