@@ -37,6 +37,26 @@ class NvmlError(NodeError, RuntimeError):
     fix = "check the NVIDIA driver on this node (nvidia-smi)"
 
 
+# NVML's return codes (its ABI, fixed) in vcuda's words, so that what the agent logs and
+# raises does not change with the wording of a pynvml release.
+_REASONS = {
+    1: "NVML did not start", 2: "an argument NVML refused", 3: "not supported by this GPU",
+    4: "no permission", 6: "not found", 9: "the NVIDIA driver is not loaded",
+    10: "NVML timed out", 12: f"{NVML_LIBRARY} is not installed",
+    13: "a function this driver's NVML lacks", 14: "the GPU's InfoROM is corrupted",
+    15: "the GPU has fallen off the bus", 16: "the GPU needs a reset",
+    18: f"the driver and {NVML_LIBRARY} are of different versions", 20: "NVML is out of memory",
+    21: "no data yet",
+}
+
+
+def _reason(error: Exception) -> str:
+    """What an NVML error says, in vcuda's words, with NVML's code."""
+    code = getattr(error, "value", None)
+    reason = _REASONS.get(code, "an NVML error") if isinstance(code, int) else "an NVML error"
+    return f"{reason} (NVML error {code})"
+
+
 class GpuState(NamedTuple):
     """One GPU now: its NVML index and UUID, memory in bytes, and utilization in percent
     (None where the GPU does not report it)."""
@@ -68,13 +88,13 @@ class Nvml:
                 count = lib.nvmlDeviceGetCount()
             except lib.NVMLError as exc:
                 self._stop()
-                raise NvmlError(f"NVML cannot count the GPUs: {exc}") from None
+                raise NvmlError(f"NVML cannot count the GPUs: {_reason(exc)}") from None
             found = []
             for index in range(count):
                 try:
                     found.append(self._gpu(lib, index))
                 except lib.NVMLError as exc:
-                    problems.report("nvml", f"GPU {index}", f"NVML: {exc}")
+                    problems.report("nvml", f"GPU {index}", f"NVML: {_reason(exc)}")
             return found
 
     def mig_devices(self, gpus: list[GpuState], problems: Problems) -> list[Gpu]:
@@ -88,7 +108,8 @@ class Nvml:
                 try:
                     found += self._migs(lib, gpu.index)
                 except lib.NVMLError as exc:
-                    problems.report("nvml", f"MIG devices of GPU {gpu.index}", f"NVML: {exc}")
+                    problems.report("nvml", f"MIG devices of GPU {gpu.index}",
+                                    f"NVML: {_reason(exc)}")
         return found
 
     @staticmethod
@@ -119,7 +140,7 @@ class Nvml:
                 name = lib.nvmlDeviceGetName(handle)
                 major, minor = lib.nvmlDeviceGetCudaComputeCapability(handle)
             except lib.NVMLError as exc:
-                raise NvmlError(f"NVML cannot describe GPU {index}: {exc}") from None
+                raise NvmlError(f"NVML cannot describe GPU {index}: {_reason(exc)}") from None
         return _text(name), (int(major), int(minor))
 
     def process_utilization(self, index: int, now: float | None = None) -> dict[int, int]:
@@ -137,7 +158,8 @@ class Nvml:
             except lib.NVMLError_NotFound:
                 return {}  # no process was busy
             except lib.NVMLError as exc:
-                raise NvmlError(f"NVML per-process utilization of GPU {index}: {exc}") from None
+                raise NvmlError(
+                    f"NVML per-process utilization of GPU {index}: {_reason(exc)}") from None
         latest: dict[int, tuple[int, int]] = {}
         for sample in samples:
             if sample.timeStamp > latest.get(sample.pid, (-1, 0))[0]:
@@ -157,7 +179,7 @@ class Nvml:
                 handle = lib.nvmlDeviceGetHandleByIndex(index)
                 running = lib.nvmlDeviceGetComputeRunningProcesses(handle)
             except lib.NVMLError as exc:
-                raise NvmlError(f"NVML compute processes of GPU {index}: {exc}") from None
+                raise NvmlError(f"NVML compute processes of GPU {index}: {_reason(exc)}") from None
         held: dict[int, int] = {}
         for process in running:
             held[process.pid] = held.get(process.pid, 0) + (process.usedGpuMemory or 0)
@@ -188,17 +210,17 @@ class Nvml:
                     lib.nvmlInit()  # pynvml's dlopen by soname now finds the node's library
             except lib.NVMLError_LibraryNotFound as exc:
                 if not self._host_root:
-                    raise NvmlError(f"NVML cannot start: {exc}") from None
+                    raise NvmlError(f"NVML cannot start: {_reason(exc)}") from None
                 raise NvmlError(
                     f"NVML cannot start: {NVML_LIBRARY} is neither in this container nor in the "
                     f"node's {', '.join(HOST_LIBRARY_DIRS)}: install the NVIDIA driver") from None
             except lib.NVMLError as exc:
                 if from_host:  # no NVIDIA runtime gave this container the GPUs
                     raise NvmlError(
-                        f"NVML cannot start: {exc}: this container did not get the GPUs from "
-                        "NVIDIA's runtime; run it under that runtime (the node's default "
+                        f"NVML cannot start: {_reason(exc)}: this container did not get the "
+                        "GPUs from NVIDIA's runtime; run it under that runtime (the node's default "
                         "runtime, or runtimeClassName: nvidia), or privileged") from None
-                raise NvmlError(f"NVML cannot start: {exc}") from None
+                raise NvmlError(f"NVML cannot start: {_reason(exc)}") from None
             self._started = True
         return lib
 

@@ -246,7 +246,8 @@ def test_without_nvml_neither_the_inventory_nor_the_node_is_touched(
     advertiser.once()
     assert not os.path.exists(advertiser.inventory)
     assert api.requests == []
-    assert _skipped(logs) == {"NVML": "NVML cannot start: Driver Not Loaded"}
+    assert _skipped(logs) == {
+        "NVML": "NVML cannot start: the NVIDIA driver is not loaded (NVML error 9)"}
 
 
 def test_a_missing_permission_is_logged_with_the_rbac_fix_and_the_agent_goes_on(

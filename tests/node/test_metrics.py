@@ -214,7 +214,7 @@ def test_bad_data_is_logged_once_and_skipped_while_the_rest_is_served(
     assert reasons[str(planted)] == f"account {planted} cannot be opened: Too many levels of " \
         "symbolic links"
     assert reasons[str(broken)] == "limits file: memory and cores must be whole numbers"
-    assert reasons["GPU 1"] == "NVML: GPU is lost"
+    assert reasons["GPU 1"] == "NVML: the GPU has fallen off the bus (NVML error 15)"
     assert reasons["ledger record damaged"] == "unreadable: damaged, or being removed"
 
     devices[1].lost = False
