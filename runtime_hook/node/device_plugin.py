@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -36,6 +37,7 @@ CDI_KIND = "vcuda.io/gpu"
 KUBELET_SOCKET = "kubelet.sock"
 SLOTS_PER_GPU = {SHARED_RESOURCE: 100, WHOLE_RESOURCE: 1}  # a share is at least 1% of a GPU
 _PREFIX = {SHARED_RESOURCE: "s", WHOLE_RESOURCE: "w"}
+_ID = re.compile(r"([sw])(\d{4})-(\d{1,19})")  # <prefix><slot>-<generation>, as Slots.ids
 
 # (resource, device IDs) -> the GPU UUID of each ID; raises Refusal with the reason.
 Resolve = Callable[[str, list[str]], dict[str, str]]
@@ -65,6 +67,30 @@ class Slots:
 
     def ids(self) -> list[str]:
         return [f"{self._prefix}{slot:04d}-{gen}" for slot, gen in enumerate(self._generations)]
+
+    def refusal(self, ids: list[str]) -> str | None:
+        """Why kubelet may not ask for ``ids``, or None: each must be an ID this plugin gave
+        out (advertised now, or an earlier generation of an advertised slot, which kubelet
+        still holds for a pod admitted before a retirement or a restart of the agent), and
+        none twice. Only such an ID ever becomes part of a file name."""
+        seen: set[str] = set()
+        with self.changed:
+            for device in ids:
+                if not self._gave_out(device):
+                    return (f"device ID {device[:80]!r} is not one this plugin gave out (its "
+                            f"IDs are {self._prefix}<slot, 4 digits>-<generation>, for "
+                            f"{len(self._generations)} slots)")
+                if device in seen:
+                    return f"device ID {device!r} is asked for more than once"
+                seen.add(device)
+        return None
+
+    def _gave_out(self, device: str) -> bool:
+        match = _ID.fullmatch(device)
+        if match is None or match[1] != self._prefix:
+            return False
+        slot, generation = int(match[2]), int(match[3])
+        return slot < len(self._generations) and generation <= self._generations[slot]
 
     def resize(self, gpus: int, resource: str, generation: int) -> None:
         """Advertise the slots of ``gpus`` GPUs (new slots start at ``generation``)."""
@@ -141,6 +167,8 @@ class DevicePlugin:
 
     def Allocate(self, request: Any, context: Any) -> Any:
         messages = _messages()
+        for r in request.container_requests:
+            self._check_ids("allocate_refused", list(r.devices_ids), context)
         return messages.AllocateResponse(container_responses=[
             messages.ContainerAllocateResponse(cdi_devices=[
                 messages.CDIDevice(name=f"{CDI_KIND}={device}") for device in r.devices_ids])
@@ -152,6 +180,7 @@ class DevicePlugin:
         from runtime_hook.node.bound_gpus import Refusal
 
         ids = list(request.devices_ids)
+        self._check_ids("prestart_refused", ids, context)
         try:
             gpus = self._resolve(self.resource, ids)
             for device in ids:
@@ -163,6 +192,17 @@ class DevicePlugin:
         event(self._log, logging.INFO, "prestart", resource=self.resource,
               devices=dict(sorted(gpus.items())))
         return _messages().PreStartContainerResponse()
+
+    def _check_ids(self, name: str, ids: list[str], context: Any) -> None:
+        """Abort the call when ``ids`` are not what this plugin handed kubelet."""
+        import grpc
+
+        reason = self.slots.refusal(ids)
+        if reason is not None:
+            shown = [device[:80] for device in ids[:10]]
+            event(self._log, logging.WARNING, name, resource=self.resource, devices=shown,
+                  error=reason)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"vcuda: {self.resource}: {reason}")
 
     # --- CDI specs --------------------------------------------------------------------------
 
