@@ -41,7 +41,8 @@ _CONTAINER = {
 _GPU = {
     "memory_total_bytes": "The GPU's memory.",
     "memory_used_bytes": "Memory in use on the GPU, by any process (NVML).",
-    "memory_limit_bytes": "Sum of the memory limits of the limited containers on the GPU.",
+    "memory_limit_bytes": "Sum of the memory limits of the limited containers on the GPU "
+    "(the node ledger's records).",
     "core_used_ratio": "Share of time the GPU was busy (NVML utilization).",
     "core_limit_ratio": "Sum of the compute limits of the limited containers on the GPU.",
     "containers": "Limited containers on the GPU.",
@@ -84,6 +85,8 @@ def families(snapshot: Snapshot, node: str, errors: Counter[str],
         for key, value in values.items():
             if value is not None:
                 per_container[key].add_metric(labels, value)
+        if workload.user is not None:
+            continue  # a vcuda-run command's limits are its user's word: not the node's
         total = totals.setdefault((index, usage.uuid), dict.fromkeys(_GPU_SUMS, 0.0))
         total["memory_limit_bytes"] += workload.memory
         total["core_limit_ratio"] += workload.cores / 100
