@@ -10,10 +10,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from runtime_hook.node import http_serving
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.node.observe import Observer, Snapshot
 
@@ -156,10 +157,10 @@ class NodeCollector(Collector):
             yield from families(snapshot, self._node, self._problems.counts, claims)
 
 
-def serve(
-    collector: NodeCollector, address: str, port: int
-) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``collector`` on http://address:port/metrics in a thread; return (server, thread)."""
+def serve(collector: NodeCollector, address: str, port: int,
+          limits: http_serving.Limits | None = None) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``collector`` on http://address:port/metrics in a thread, within ``limits`` of
+    connections and time; return (server, thread)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    return start_http_server(port, addr=address, registry=registry)
+    return http_serving.serve(make_wsgi_app(registry), address, port, limits)

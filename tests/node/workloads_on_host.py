@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from runtime_hook import ledger
 from runtime_hook.contract import RUN_DIR_PREFIX
+from runtime_hook.node.http_serving import Limits
 from runtime_hook.node.metrics import NodeCollector, serve
 from runtime_hook.node.observe import Observer
 from runtime_hook.node_state import StateDir, process_start_time
@@ -120,8 +121,9 @@ def start_vcuda_run(tmpdir: Path, *options: str) -> VcudaRun:
 class Endpoint:
     """An observer's metrics served on a free port of 127.0.0.1, as ``vcuda-node run`` does."""
 
-    def __init__(self, observer: Observer, node: str) -> None:
-        self.server, _ = serve(NodeCollector(observer, node, observer.problems), "127.0.0.1", 0)
+    def __init__(self, observer: Observer, node: str, limits: Limits | None = None) -> None:
+        self.server, _ = serve(NodeCollector(observer, node, observer.problems), "127.0.0.1", 0,
+                               *([limits] if limits else []))
 
     def scrape(self) -> Series:
         return scrape(self.server.server_port)
