@@ -62,6 +62,8 @@ class Slots:
     def __init__(self, resource: str, gpus: int, generation: int) -> None:
         self._prefix = _PREFIX[resource]
         self._generations = [generation] * (gpus * SLOTS_PER_GPU[resource])
+        self._first = generation  # IDs of earlier generations are an earlier agent's
+        self._issued = dict(enumerate(self._generations))  # slot -> latest generation given
         self.changed = threading.Condition()
         self.version = 0
 
@@ -70,16 +72,16 @@ class Slots:
 
     def refusal(self, ids: list[str]) -> str | None:
         """Why kubelet may not ask for ``ids``, or None: each must be an ID this plugin gave
-        out (advertised now, or an earlier generation of an advertised slot, which kubelet
-        still holds for a pod admitted before a retirement or a restart of the agent), and
-        none twice. Only such an ID ever becomes part of a file name."""
+        out, and none twice. Given out: a generation up to the latest of a slot advertised
+        since this agent started (kubelet keeps the IDs of pods admitted before a retirement
+        or before the GPUs changed), or of an earlier agent (before a restart, whose slots
+        this one cannot know). Only such an ID ever becomes part of a file name."""
         seen: set[str] = set()
         with self.changed:
             for device in ids:
                 if not self._gave_out(device):
                     return (f"device ID {device[:80]!r} is not one this plugin gave out (its "
-                            f"IDs are {self._prefix}<slot, 4 digits>-<generation>, for "
-                            f"{len(self._generations)} slots)")
+                            f"IDs are {self._prefix}<slot, 4 digits>-<generation>)")
                 if device in seen:
                     return f"device ID {device!r} is asked for more than once"
                 seen.add(device)
@@ -90,7 +92,7 @@ class Slots:
         if match is None or match[1] != self._prefix:
             return False
         slot, generation = int(match[2]), int(match[3])
-        return slot < len(self._generations) and generation <= self._generations[slot]
+        return generation < self._first or generation <= self._issued.get(slot, -1)
 
     def resize(self, gpus: int, resource: str, generation: int) -> None:
         """Advertise the slots of ``gpus`` GPUs (new slots start at ``generation``)."""
@@ -99,7 +101,9 @@ class Slots:
             if wanted == len(self._generations):
                 return
             del self._generations[wanted:]
-            self._generations += [generation] * (wanted - len(self._generations))
+            for slot in range(len(self._generations), wanted):
+                self._generations.append(generation)
+                self._issued[slot] = max(self._issued.get(slot, generation), generation)
             self._bump()
 
     def retire(self, ids: Iterable[str]) -> None:
@@ -111,6 +115,7 @@ class Slots:
                 if device in current:
                     slot = int(device[1:].split("-")[0])
                     self._generations[slot] += 1
+                    self._issued[slot] = max(self._issued[slot], self._generations[slot])
                     retired = True
             if retired:
                 self._bump()
