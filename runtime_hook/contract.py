@@ -433,3 +433,4 @@ def _gpu(entry: dict) -> Gpu:
 RUN_DIR_PREFIX = "vcuda-run-"
 RUN_OWNER_FILE = "owner"
 RUN_LIMITS_FILE = "limits"
+RUN_LIMITS_ENV = "VCUDA_LIMITS_FILE"  # names the limits file in the command's environment

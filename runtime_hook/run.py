@@ -14,6 +14,7 @@ from pathlib import Path
 from runtime_hook.contract import (
     LIMITS_PATH,
     RUN_DIR_PREFIX,
+    RUN_LIMITS_ENV,
     RUN_LIMITS_FILE,
     RUN_OWNER_FILE,
     Limits,
@@ -24,7 +25,6 @@ from runtime_hook.hook_cli import DEFAULT_LIBRARY
 from runtime_hook.hook_errors import UsageError
 from runtime_hook.node_state import process_start_time
 
-LIMITS_ENV = "VCUDA_LIMITS_FILE"
 LIBRARY_ENV = "VCUDA_LIBRARY"
 # Where vcuda-node install puts it on a node, then where a distribution would.
 _SYSTEM_LIBRARIES = (
@@ -239,8 +239,9 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
-    env = dict(os.environ)
-    env[LIMITS_ENV] = str(path)
+    # First in CMD's environment, where the node agent looks for it (run_dirs).
+    env = {RUN_LIMITS_ENV: str(path),
+           **{k: v for k, v in os.environ.items() if k != RUN_LIMITS_ENV}}
     preload = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = f"{library}:{preload}" if preload else str(library)
     return command, env, directory

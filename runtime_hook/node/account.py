@@ -9,12 +9,11 @@ symlinks and must be a regular file of the right size.
 
 from __future__ import annotations
 
-import os
-import stat
 import struct
 from typing import NamedTuple
 
 from runtime_hook.hook_errors import NodeError
+from runtime_hook.node.planted_files import PlantedFileError, read_regular
 
 MAGIC = b"VCUDAACC"
 VERSION = 2
@@ -58,21 +57,19 @@ class Account(NamedTuple):
         return totals
 
 
-def read(path: str) -> Account | None:
-    """Read the account at ``path``; None when it does not exist (no process used CUDA yet)."""
+def read(path: str, owner: int | None = None) -> Account | None:
+    """Read the account at ``path``; None when it does not exist (no process used CUDA yet).
+
+    ``owner``: the uid the file must belong to (a vcuda-run command's user: an account of
+    another user is not this command's to report); None: any (a container's tmpfs).
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+        found = read_regular(path, SIZE, owner=owner)
+    except PlantedFileError as exc:
+        raise AccountError(f"account {path} {exc}") from None
+    if found is None:
         return None
-    except OSError as exc:
-        raise AccountError(f"account {path} cannot be opened: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise AccountError(f"account {path} is not a regular file")
-        data = os.pread(fd, SIZE, 0)
-    finally:
-        os.close(fd)
+    data, _ = found
     return parse(data, path)
 
 

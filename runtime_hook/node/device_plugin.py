@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -36,6 +37,7 @@ CDI_KIND = "vcuda.io/gpu"
 KUBELET_SOCKET = "kubelet.sock"
 SLOTS_PER_GPU = {SHARED_RESOURCE: 100, WHOLE_RESOURCE: 1}  # a share is at least 1% of a GPU
 _PREFIX = {SHARED_RESOURCE: "s", WHOLE_RESOURCE: "w"}
+_ID = re.compile(r"([sw])(\d{4})-(\d{1,19})")  # <prefix><slot>-<generation>, as Slots.ids
 
 # (resource, device IDs) -> the GPU UUID of each ID; raises Refusal with the reason.
 Resolve = Callable[[str, list[str]], dict[str, str]]
@@ -60,11 +62,37 @@ class Slots:
     def __init__(self, resource: str, gpus: int, generation: int) -> None:
         self._prefix = _PREFIX[resource]
         self._generations = [generation] * (gpus * SLOTS_PER_GPU[resource])
+        self._first = generation  # IDs of earlier generations are an earlier agent's
+        self._issued = dict(enumerate(self._generations))  # slot -> latest generation given
         self.changed = threading.Condition()
         self.version = 0
 
     def ids(self) -> list[str]:
         return [f"{self._prefix}{slot:04d}-{gen}" for slot, gen in enumerate(self._generations)]
+
+    def refusal(self, ids: list[str]) -> str | None:
+        """Why kubelet may not ask for ``ids``, or None: each must be an ID this plugin gave
+        out, and none twice. Given out: a generation up to the latest of a slot advertised
+        since this agent started (kubelet keeps the IDs of pods admitted before a retirement
+        or before the GPUs changed), or of an earlier agent (before a restart, whose slots
+        this one cannot know). Only such an ID ever becomes part of a file name."""
+        seen: set[str] = set()
+        with self.changed:
+            for device in ids:
+                if not self._gave_out(device):
+                    return (f"device ID {device[:80]!r} is not one this plugin gave out (its "
+                            f"IDs are {self._prefix}<slot, 4 digits>-<generation>)")
+                if device in seen:
+                    return f"device ID {device!r} is asked for more than once"
+                seen.add(device)
+        return None
+
+    def _gave_out(self, device: str) -> bool:
+        match = _ID.fullmatch(device)
+        if match is None or match[1] != self._prefix:
+            return False
+        slot, generation = int(match[2]), int(match[3])
+        return generation < self._first or generation <= self._issued.get(slot, -1)
 
     def resize(self, gpus: int, resource: str, generation: int) -> None:
         """Advertise the slots of ``gpus`` GPUs (new slots start at ``generation``)."""
@@ -73,7 +101,9 @@ class Slots:
             if wanted == len(self._generations):
                 return
             del self._generations[wanted:]
-            self._generations += [generation] * (wanted - len(self._generations))
+            for slot in range(len(self._generations), wanted):
+                self._generations.append(generation)
+                self._issued[slot] = max(self._issued.get(slot, generation), generation)
             self._bump()
 
     def retire(self, ids: Iterable[str]) -> None:
@@ -85,6 +115,7 @@ class Slots:
                 if device in current:
                     slot = int(device[1:].split("-")[0])
                     self._generations[slot] += 1
+                    self._issued[slot] = max(self._issued[slot], self._generations[slot])
                     retired = True
             if retired:
                 self._bump()
@@ -141,6 +172,8 @@ class DevicePlugin:
 
     def Allocate(self, request: Any, context: Any) -> Any:
         messages = _messages()
+        for r in request.container_requests:
+            self._check_ids("allocate_refused", list(r.devices_ids), context)
         return messages.AllocateResponse(container_responses=[
             messages.ContainerAllocateResponse(cdi_devices=[
                 messages.CDIDevice(name=f"{CDI_KIND}={device}") for device in r.devices_ids])
@@ -152,6 +185,7 @@ class DevicePlugin:
         from runtime_hook.node.bound_gpus import Refusal
 
         ids = list(request.devices_ids)
+        self._check_ids("prestart_refused", ids, context)
         try:
             gpus = self._resolve(self.resource, ids)
             for device in ids:
@@ -163,6 +197,17 @@ class DevicePlugin:
         event(self._log, logging.INFO, "prestart", resource=self.resource,
               devices=dict(sorted(gpus.items())))
         return _messages().PreStartContainerResponse()
+
+    def _check_ids(self, name: str, ids: list[str], context: Any) -> None:
+        """Abort the call when ``ids`` are not what this plugin handed kubelet."""
+        import grpc
+
+        reason = self.slots.refusal(ids)
+        if reason is not None:
+            shown = [device[:80] for device in ids[:10]]
+            event(self._log, logging.WARNING, name, resource=self.resource, devices=shown,
+                  error=reason)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"vcuda: {self.resource}: {reason}")
 
     # --- CDI specs --------------------------------------------------------------------------
 

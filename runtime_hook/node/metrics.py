@@ -10,10 +10,11 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from runtime_hook.node import http_serving
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.node.observe import Observer, Snapshot
 
@@ -41,7 +42,8 @@ _CONTAINER = {
 _GPU = {
     "memory_total_bytes": "The GPU's memory.",
     "memory_used_bytes": "Memory in use on the GPU, by any process (NVML).",
-    "memory_limit_bytes": "Sum of the memory limits of the limited containers on the GPU.",
+    "memory_limit_bytes": "Sum of the memory limits of the limited containers on the GPU "
+    "(the node ledger's records).",
     "core_used_ratio": "Share of time the GPU was busy (NVML utilization).",
     "core_limit_ratio": "Sum of the compute limits of the limited containers on the GPU.",
     "containers": "Limited containers on the GPU.",
@@ -84,6 +86,8 @@ def families(snapshot: Snapshot, node: str, errors: Counter[str],
         for key, value in values.items():
             if value is not None:
                 per_container[key].add_metric(labels, value)
+        if workload.user is not None:
+            continue  # a vcuda-run command's limits are its user's word: not the node's
         total = totals.setdefault((index, usage.uuid), dict.fromkeys(_GPU_SUMS, 0.0))
         total["memory_limit_bytes"] += workload.memory
         total["core_limit_ratio"] += workload.cores / 100
@@ -153,10 +157,10 @@ class NodeCollector(Collector):
             yield from families(snapshot, self._node, self._problems.counts, claims)
 
 
-def serve(
-    collector: NodeCollector, address: str, port: int
-) -> tuple[WSGIServer, threading.Thread]:
-    """Serve ``collector`` on http://address:port/metrics in a thread; return (server, thread)."""
+def serve(collector: NodeCollector, address: str, port: int,
+          limits: http_serving.Limits | None = None) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``collector`` on http://address:port/metrics in a thread, within ``limits`` of
+    connections and time; return (server, thread)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
-    return start_http_server(port, addr=address, registry=registry)
+    return http_serving.serve(make_wsgi_app(registry), address, port, limits)

@@ -12,13 +12,21 @@ turned into host pids through their pid namespace
 (:mod:`runtime_hook.node.processes`). Whatever cannot be read
 is reported to :class:`~runtime_hook.node.logs.Problems` and left out; the
 rest of the picture stands.
+
+Which GPUs a workload is shown on never comes from its account: a container
+is on the GPUs of its ledger record, a vcuda-run command on those of its limits
+(every GPU it used, by its account, when they name none) that the node has
+(NVML or the GPU inventory). So a GPU UUID that a container writes in its
+account is neither a label value nor a GPU the container is counted on.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import NamedTuple
 
+from runtime_hook.contract import INVENTORY_NAME, ContractError, read_inventory
 from runtime_hook.node import account, processes, workloads
 from runtime_hook.node.host_root import host_path
 from runtime_hook.node.logs import Problems
@@ -81,6 +89,7 @@ class Observer:
         except NvmlError as exc:
             problems.report("nvml", "NVML", str(exc))
             gpus, utilization, held = [], None, None
+        known = self._known(gpus)
         proc = host_path(self._host_root, "/proc")  # the host's: NVML gives host pids
         found = workloads.containers(self._host_root, self._state_dir, proc, problems)
         found += workloads.commands(self._host_root, self._run_dirs, proc, problems)
@@ -94,36 +103,70 @@ class Observer:
             # A container's every process is its own; in the host's namespace (a
             # vcuda-run command), only the processes of its account are.
             own = namespace is not None and namespace != host_namespace
-            usages += self._usages(workload, live, utilization, held if own else None)
+            usages += self._usages(workload, known, live, utilization, held if own else None)
         problems.cycle_done()
         return Snapshot(gpus, usages)
+
+    def _known(self, gpus: list[GpuState]) -> dict[str, str]:
+        """The node's GPU and MIG UUIDs (NVML's now and before, the inventory's), by lower
+        case: what a workload may be shown on."""
+        uuids = [*self._indices, *(gpu.uuid for gpu in gpus)]
+        path = host_path(self._host_root, os.path.join(self._state_dir, INVENTORY_NAME))
+        try:
+            uuids += read_inventory(path) or ()
+        except ContractError as exc:
+            self.problems.report("inventory", path, str(exc))
+        return {uuid.lower(): uuid for uuid in uuids}
+
+    def _devices(self, workload: workloads.Workload, held: account.Account | None,
+                 known: dict[str, str]) -> tuple[str, ...]:
+        """The GPUs ``workload`` is shown on (see the module's docstring); an account that
+        names others is reported."""
+        written = held.devices if held else ()
+        if workload.user is None:  # a container: its ledger record says
+            by_index = {str(index): uuid for uuid, index in self._indices.items()}
+            trusted = tuple(by_index.get(d, d) for d in workload.devices)  # no inventory: indices
+            foreign = [d for d in written if d.lower() not in {t.lower() for t in trusted}]
+        else:
+            named = workload.devices or written
+            trusted = tuple(known[d.lower()] for d in named if d.lower() in known)
+            foreign = [d for d in named if d.lower() not in known]
+        if foreign:
+            shown = ", ".join(repr(d[:100]) for d in foreign[:4])
+            self.problems.report("account", f"{workload.account} devices",
+                                 f"names {len(foreign)} GPU(s) that are not this workload's "
+                                 f"or not this node's ({shown}): left out")
+        return tuple(dict.fromkeys(trusted))
 
     def _usages(
         self,
         workload: workloads.Workload,
+        known: dict[str, str],
         live: dict[int, processes.Process],
         utilization: _PerGpu | None,
         held_by_pid: _PerGpu | None,
     ) -> list[Usage]:
-        """``workload``'s use of each of its GPUs; ``live`` are its processes by account pid
-        (``utilization`` is None while NVML is away; ``held_by_pid`` also for a command)."""
+        """``workload``'s use of each of its GPUs; ``known``: the node's GPUs by lower case
+        UUID; ``live``: its processes by account pid (``utilization`` is None while NVML is
+        away; ``held_by_pid`` also for a command)."""
         try:
-            held = account.read(workload.account) or account.Account((), ())
+            held = account.read(workload.account, workload.user) or account.Account((), ())
         except account.AccountError as exc:
             self.problems.report("account", workload.account, str(exc))
             held = None
-        devices = dict.fromkeys((*workload.devices, *(held.devices if held else ())))
+        devices = self._devices(workload, held, known)
         if held is None:  # limits only
             return [Usage(workload, u, self._indices.get(u), None, None, None) for u in devices]
         slots = [s for s in held.slots if s.pid in live and live[s.pid].start_time == s.start_time]
         used = held.used({(s.pid, s.start_time) for s in slots})
         host_pids = [live[s.pid].host_pid for s in slots]
+        positions = {uuid.lower(): n for n, uuid in enumerate(held.devices)}
         usages = []
         for uuid in devices:
             index = self._indices.get(uuid)
             busy = utilization.of(index) if utilization and index is not None else None
             core_used = None if busy is None else sum(busy.get(p, 0) for p in host_pids) / 100
-            on_it = held.devices.index(uuid) if uuid in held.devices else None
+            on_it = positions.get(uuid.lower())
             driver = held_by_pid.of(index) if held_by_pid and index is not None else None
             mine = {} if driver is None else {
                 p.host_pid: driver[p.host_pid] for p in live.values() if p.host_pid in driver}
@@ -133,7 +176,7 @@ class Observer:
                     workload=workload,
                     uuid=uuid,
                     index=index,
-                    memory_used=used.get(uuid, 0),
+                    memory_used=0 if on_it is None else used[held.devices[on_it]],
                     core_used=core_used,
                     processes=0 if on_it is None else sum(1 for s in slots if s.used[on_it]),
                     memory_driver=None if driver is None else sum(mine.values()),

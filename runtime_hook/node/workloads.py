@@ -3,7 +3,8 @@
 A container comes from its ledger record; its account is the file the shim
 creates in the record's ``account/`` tmpfs. A standalone command comes from
 the private directory ``vcuda-run`` keeps under its ``$TMPDIR`` while the
-command runs (its ``owner`` and ``limits``). Either is reported only while
+command runs (its ``owner`` and ``limits``), when :mod:`runtime_hook.node.run_dirs`
+finds that vcuda-run made it for that command. Either is reported only while
 its first process lives: a container that ended, or a record left by one
 that died, disappears at once.
 """
@@ -14,20 +15,13 @@ import os
 from typing import NamedTuple
 
 from runtime_hook import ledger
-from runtime_hook.contract import (
-    ACCOUNT_PATH,
-    RUN_DIR_PREFIX,
-    RUN_LIMITS_FILE,
-    RUN_OWNER_FILE,
-    LimitsFormatError,
-    parse_limits,
-)
+from runtime_hook.contract import ACCOUNT_PATH, RUN_DIR_PREFIX, LimitsFormatError, parse_limits
+from runtime_hook.node import run_dirs
 from runtime_hook.node.host_root import host_path
 from runtime_hook.node.logs import Problems
 from runtime_hook.node_state import ACCOUNT_DIR, StateDir, process_start_time
 
 _ACCOUNT_NAME = os.path.basename(ACCOUNT_PATH)
-_MAX_LIMITS = 64 << 10
 
 
 class Workload(NamedTuple):
@@ -36,7 +30,8 @@ class Workload(NamedTuple):
     Its labels (``namespace``, ``pod``, ``container``; a command has only
     ``container``, ``vcuda-run-<pid>``), ``memory`` in bytes and ``cores`` in
     percent on each of ``devices`` (UUIDs; empty: whatever it uses), the host
-    path of its ``account``, and its first process (``pid``, ``start_time``).
+    path of its ``account``, its first process (``pid``, ``start_time``), and for a
+    command the ``user`` (uid) that runs it.
     """
 
     namespace: str
@@ -48,6 +43,7 @@ class Workload(NamedTuple):
     account: str
     pid: int
     start_time: int
+    user: int | None = None  # a command's: the uid that runs it; a container's: None
 
 
 def containers(host_root: str, state_dir: str, proc: str, problems: Problems) -> list[Workload]:
@@ -87,7 +83,7 @@ def commands(host_root: str, directories: list[str], proc: str,
     """The running vcuda-run commands whose private directories are in ``directories``;
     ``proc`` is the host's /proc, as this process sees it."""
     found = []
-    accounts: set[str] = set()
+    accounts: set[tuple[str, int | None]] = set()
     for directory in directories:
         base = _on_host(host_root, directory)
         try:
@@ -99,28 +95,22 @@ def commands(host_root: str, directories: list[str], proc: str,
             path = os.path.join(base, name)
             try:
                 workload = _command(host_root, path, proc)
-            except (OSError, ValueError) as exc:
+            except ValueError as exc:
                 problems.report("vcuda-run", path, str(exc))
                 continue
-            # Commands given one --account share it: report it once.
-            if workload is not None and workload.account not in accounts:
-                accounts.add(workload.account)
+            # Commands of one user given one --account share it: report it once.
+            if workload is not None and (workload.account, workload.user) not in accounts:
+                accounts.add((workload.account, workload.user))
                 found.append(workload)
     return found
 
 
 def _command(host_root: str, path: str, proc: str) -> Workload | None:
-    owner = _read_small(os.path.join(path, RUN_OWNER_FILE))
-    if owner is None:
-        return None  # being created, or swept
-    pid, start_time = (int(word) for word in owner.split())
-    if process_start_time(pid, proc) != start_time:
-        return None  # ended; the next vcuda-run sweeps the directory
-    text = _read_small(os.path.join(path, RUN_LIMITS_FILE))
-    if text is None:
+    made = run_dirs.read(path, proc)
+    if made is None:
         return None
     try:
-        limits = parse_limits(text.decode("utf-8"))
+        limits = parse_limits(made.limits.decode("utf-8"))
     except (LimitsFormatError, UnicodeDecodeError) as exc:
         raise ValueError(f"limits file: {exc}") from None
     if not limits.account:
@@ -128,26 +118,15 @@ def _command(host_root: str, path: str, proc: str) -> Workload | None:
     return Workload(
         namespace="",
         pod="",
-        container=f"vcuda-run-{pid}",
+        container=f"vcuda-run-{made.pid}",
         memory=limits.memory,
         cores=limits.cores,
         devices=limits.devices,
         account=_on_host(host_root, limits.account),
-        pid=pid,
-        start_time=start_time,
+        pid=made.pid,
+        start_time=made.start_time,
+        user=made.user,
     )
-
-
-def _read_small(path: str) -> bytes | None:
-    """A file a user may own: never follow a symlink, never read more than a limits file holds."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        return os.read(fd, _MAX_LIMITS)
-    finally:
-        os.close(fd)
 
 
 def _on_host(host_root: str, path: str) -> str:

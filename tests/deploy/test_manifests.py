@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
@@ -427,6 +428,44 @@ def test_node_daemonset_installs_then_runs_the_agent_on_the_host_root() -> None:
     assert agent["command"] == ["vcuda-node", "run", "--host-root", "/host"]
     assert install["securityContext"]["privileged"] is True
     assert spec["serviceAccountName"] == "vcuda-node"
+
+
+def test_only_namespaces_labelled_to_scrape_reach_the_node_agents_metrics() -> None:
+    template = find("DaemonSet", "vcuda-node")["spec"]["template"]
+    policy = find("NetworkPolicy", "vcuda-node")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert policy["policyTypes"] == ["Ingress"]
+    [rule] = policy["ingress"]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"vcuda.io/scrape-node": "true"}}}]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    agent = next(c for c in template["spec"]["containers"] if c["name"] == "agent")
+    assert {"name": "metrics", "containerPort": 9400, "protocol": "TCP"} in agent["ports"]
+    assert "hostNetwork" not in template["spec"]  # on the pod network, where policy applies
+
+
+def _documented_patch(path: Any) -> str:
+    """The kustomize patch shown in the comment that opens ``path``."""
+    lines = [line[4:] for line in path.read_text().splitlines() if line.startswith("#   ")]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None,
+                    reason="kubectl is not installed; the overlay is built where it is present")
+def test_the_node_policys_documented_patch_names_other_scrapers(tmp_path: Any) -> None:
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        f"resources: [{os.path.relpath(ROOT, overlay)}]\n"  # kustomize wants it relative
+        + _documented_patch(ROOT / "node-networkpolicy.yaml"))
+    built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True,
+                           text=True, check=True, timeout=120).stdout
+    [policy] = [o for o in yaml.safe_load_all(built)
+                if o and o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "vcuda-node"]
+    assert policy["spec"]["ingress"][0]["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    kubernetes_validate.validate(policy, KUBERNETES_VERSION, strict=True)
 
 
 def _host_mounts(container: dict[str, Any],

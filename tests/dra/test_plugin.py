@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -268,3 +270,53 @@ def test_concurrent_prepares_on_one_gpu_commit_only_what_fits(dra_node: DraNode)
     assert all("has 0.00 GiB (0 bytes) free of 16.00 GiB" in a.error for a in answers if a.error)
     committed = ledger.committed(ledger.entries(_state(dra_node)))
     assert committed[GPU0] == (16 * GIB, 40)
+
+
+def _tampered(node: DraNode, name: str, change: Callable[[dict], None]) -> dict:
+    """A claim allocated as usual, then ``change``d in the API (its first result)."""
+    claim = node.claim(name, cores="10", memory="1Gi")
+    path = f"/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}"
+    stored = node.api.get(path)
+    change(stored["status"]["allocation"]["devices"])
+    node.api.add_claim(stored)
+    return claim
+
+
+def test_malformed_consumed_capacity_refuses_that_claim_alone_and_at_once(
+        dra_node: DraNode) -> None:
+    def consumed(value: object) -> Callable[[dict], None]:
+        return lambda devices: devices["results"][0].update(consumedCapacity=value)
+
+    def results(value: object) -> Callable[[dict], None]:
+        return lambda devices: devices.update(results=value)
+
+    good = dra_node.claim("good", cores="10", memory="1Gi")
+    bad = {
+        "nan": (consumed({"cores": "NaN"}), "consumed cores 'NaN' is not a whole number in "
+                "1..100"),
+        "inf": (consumed({"memory": "Infinity"}), "consumed memory 'Infinity' is not a whole "
+                "number in 268435456..17179869184"),
+        "float": (consumed({"memory": float("nan")}), "consumed memory nan is not a whole "
+                  "number in 268435456..17179869184"),
+        "huge": (consumed({"memory": "1e250000"}), "consumed memory '1e250000' is not a whole "
+                 "number in 268435456..17179869184"),
+        "long": (consumed({"cores": "1" * 5000}), "consumed cores '" + "1" * 79 + " is not a "
+                 "whole number in 1..100"),
+        "text": (consumed("10Gi"), "consumedCapacity is not an object"),
+        "list": (results([42]), "its allocation's results are not a list of objects"),
+        "scalar": (results("gpu"), "its allocation's results are not a list of objects"),
+    }
+    claims = {name: _tampered(dra_node, name, change) for name, (change, _) in bad.items()}
+    started = time.monotonic()
+    answers = dra_node.kubelet.prepare(good, *claims.values())
+    assert time.monotonic() - started < 2.0  # no number is turned into a 250,000-digit int
+
+    assert answers[good["metadata"]["uid"]].error == ""
+    assert len(answers[good["metadata"]["uid"]].devices) == 1
+    for name, (_, reason) in bad.items():
+        error = answers[claims[name]["metadata"]["uid"]].error
+        assert error.startswith(f"vcuda: claim team-a/{name}: "), error
+        assert reason in error, error
+        assert error.endswith("; fix: delete the pod and its claim so that the scheduler "
+                              "allocates it again")
+        assert _record(dra_node, claims[name]["metadata"]["uid"]) is None

@@ -158,6 +158,25 @@ class FakeKubelet:
                              f"{exc.code().name} {exc.details()}") from None
         held.cdi = [d.name for d in answer.container_responses[0].cdi_devices]
 
+    def hold(self, pod: dict[str, Any], container: str, resource: str, ids: list[str]) -> None:
+        """Record ``container`` of ``pod`` as holding ``ids``, whatever they are, without
+        Allocate: a kubelet gone wrong, or a caller of the plugin's socket that is not kubelet."""
+        metadata = pod["metadata"]
+        with self._lock:
+            self.held.append(Held(metadata["namespace"], metadata["name"], container, resource,
+                                  ids, [f"vcuda.io/gpu={device}" for device in ids]))
+
+    def allocate_ids(self, resource: str, ids: list[str]) -> list[str]:
+        """Allocate ``ids`` as given; return the CDI device names answered."""
+        try:
+            answer = self._stubs[resource].Allocate(self._dp.AllocateRequest(
+                container_requests=[self._dp.ContainerAllocateRequest(devices_ids=ids)]),
+                timeout=10)
+        except grpc.RpcError as exc:
+            raise StartError(f"Allocate of {resource}: {exc.code().name} {exc.details()}") \
+                from None
+        return [d.name for d in answer.container_responses[0].cdi_devices]
+
     def start_container(self, namespace: str, pod: str, container: str) -> list[str]:
         """PreStartContainer, then create: return the GPU UUIDs the container sees."""
         gpus: list[str] = []

@@ -4,6 +4,7 @@ gets exactly the GPUs its pod was bound with, and a start that cannot be honoure
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -229,3 +230,47 @@ def test_a_plugin_gone_at_allocate_is_an_admission_error_and_kubelet_holds_nothi
                                          r"vcuda\.io/shared-gpu: UNAVAILABLE"):
         node.kubelet.admit(pod)
     assert node.kubelet.held == []
+
+
+def test_prestart_of_an_id_the_plugin_never_advertised_is_refused_and_writes_no_file(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender, tmp_path: Path) -> None:
+    pod = bound(api, extender, pod_object("p", cores=10, memory_gib=1))
+    escape = "../../../escape"
+    node.kubelet.hold(pod, "share", "vcuda.io/shared-gpu", [escape])
+    with pytest.raises(StartError, match=re.escape(
+            f"PreStartContainer of vcuda.io/shared-gpu: vcuda: vcuda.io/shared-gpu: device ID "
+            f"'{escape}' is not one this plugin gave out (its IDs are s<slot, 4 digits>-"
+            "<generation>)")):
+        node.kubelet.start_container("team", "p", "share")
+    cdi = Path(node.paths.cdi_dir)
+    assert not (cdi.parent.parent / "escape.json").exists()
+    assert sorted(p.name for p in tmp_path.rglob("*.json")) == []
+
+
+def test_prestart_of_one_slot_twice_is_refused_and_does_not_repoint_the_slot(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    pod = bound(api, extender, pod_object("two", whole=2))
+    slot = node.kubelet.devices["vcuda.io/gpu"][0]
+    node.kubelet.hold(pod, "whole", "vcuda.io/gpu", [slot, slot])
+    with pytest.raises(StartError, match=re.escape(
+            f"PreStartContainer of vcuda.io/gpu: vcuda: vcuda.io/gpu: device ID '{slot}' is "
+            "asked for more than once")):
+        node.kubelet.start_container("team", "two", "whole")
+    assert node.agent._served["vcuda.io/gpu"].plugin.written() == []
+
+
+def test_allocate_refuses_unknown_and_repeated_ids_and_answers_advertised_ones(
+        node: GpuNode) -> None:
+    first, second = node.kubelet.devices["vcuda.io/shared-gpu"][:2]
+    prefix = "Allocate of vcuda.io/shared-gpu: INVALID_ARGUMENT vcuda: vcuda.io/shared-gpu: "
+    generation = int(first.split("-")[1])
+    for unknown in (f"s0200-{generation}", f"s0000-{generation + 1}", "w0000-1", "s0000-1/../x",
+                    "s00-1"):
+        with pytest.raises(StartError, match=re.escape(
+                f"{prefix}device ID {unknown!r} is not one this plugin gave out")):
+            node.kubelet.allocate_ids("vcuda.io/shared-gpu", [first, unknown])
+    with pytest.raises(StartError, match=re.escape(
+            f"{prefix}device ID '{first}' is asked for more than once")):
+        node.kubelet.allocate_ids("vcuda.io/shared-gpu", [first, first])
+    assert node.kubelet.allocate_ids("vcuda.io/shared-gpu", [first, second]) == [
+        f"vcuda.io/gpu={first}", f"vcuda.io/gpu={second}"]

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.contract import Limits
 from runtime_hook.node.logs import Problems, setup
 from runtime_hook.node.nvml import Nvml
 from runtime_hook.node.observe import Observer
@@ -29,8 +28,8 @@ from tests.node.workloads_on_host import (
     PidNamespace,
     commit_container,
     labels,
-    make_vcuda_run_dir,
     start_pid_namespace,
+    start_vcuda_run,
 )
 from tests.shim.harness import REPO
 
@@ -127,23 +126,24 @@ def test_a_scrape_shows_each_containers_limits_and_use_on_each_gpu(
 def test_a_vcuda_run_command_is_observed_from_its_private_directory(
     agent: Agent, devices: list[FakeDevice], tmp_path: Path
 ) -> None:
-    with subprocess.Popen(["sleep", "600"]) as command:
-        try:
-            account = tmp_path / "private" / "account"
-            make_vcuda_run_dir(agent.run_dir, command.pid, Limits(
-                memory=2 * GIB, cores=50, devices=(GPU1,), account=str(account)))
-            write_account(account, [GPU1], [
-                (command.pid, process_start_time(command.pid), [256 * MIB])])
-            devices[1].busy = {command.pid: 45}
-            series = agent.scrape()
-        finally:
-            command.kill()
-    run = labels(namespace="", pod="", container=f"vcuda-run-{command.pid}", node=NODE,
-                 gpu="1", uuid=GPU1)
-    assert series["vcuda_container_memory_limit_bytes"] == {run: 2 * GIB}
-    assert series["vcuda_container_memory_used_bytes"] == {run: 256 * MIB}
-    assert series["vcuda_container_core_limit_ratio"] == {run: 0.5}
-    assert series["vcuda_container_core_used_ratio"] == {run: 0.45}
+    account = tmp_path / "private" / "account"
+    run = start_vcuda_run(agent.run_dir, "--memory", "2Gi", "--cores", "50", "--devices", GPU1,
+                          "--account", str(account))
+    pid = run.process.pid
+    try:
+        write_account(account, [GPU1], [(pid, process_start_time(pid), [256 * MIB])])
+        devices[1].busy = {pid: 45}
+        series = agent.scrape()
+    finally:
+        run.stop()
+    command = labels(namespace="", pod="", container=f"vcuda-run-{pid}", node=NODE,
+                     gpu="1", uuid=GPU1)
+    assert series["vcuda_container_memory_limit_bytes"] == {command: 2 * GIB}
+    assert series["vcuda_container_memory_used_bytes"] == {command: 256 * MIB}
+    assert series["vcuda_container_core_limit_ratio"] == {command: 0.5}
+    assert series["vcuda_container_core_used_ratio"] == {command: 0.45}
+    # A command's limits are its user's word: the GPU's sums are the ledger's alone.
+    assert series["vcuda_gpu_memory_limit_bytes"][_gpu(1, GPU1)] == 0
     assert agent.scrape().get("vcuda_container_memory_limit_bytes", {}) == {}  # it ended
 
 
@@ -191,13 +191,15 @@ def test_bad_data_is_logged_once_and_skipped_while_the_rest_is_served(
     planted = commit_container(agent.state, "planted", container.init, GIB, 10, (GPU0,),
                                container="planted")
     planted.symlink_to("/etc/shadow")
-    broken = agent.run_dir / "vcuda-run-123"
-    broken.mkdir()
-    (broken / "owner").write_text(f"{os.getpid()} {process_start_time(os.getpid())}\n")
-    (broken / "limits").write_text("version=1\nmemory=lots\n")
+    run = start_vcuda_run(agent.run_dir, "--memory", "1Gi")
+    broken = run.directory
+    (broken / "limits").write_text("version=1\nmemory=lots\n")  # in place: the same file
     devices[1].lost = True
 
-    first, second = agent.scrape(), agent.scrape()
+    try:
+        first, second = agent.scrape(), agent.scrape()
+    finally:
+        run.stop()
 
     for series in (first, second):
         assert series["vcuda_container_memory_used_bytes"] == {_worker(): GIB + 512 * MIB}
@@ -218,7 +220,6 @@ def test_bad_data_is_logged_once_and_skipped_while_the_rest_is_served(
     assert reasons["ledger record damaged"] == "unreadable: damaged, or being removed"
 
     devices[1].lost = False
-    (broken / "limits").unlink()
     agent.scrape()
     recovered = {e["what"] for e in _events(capsys) if e["event"] == "recovered"}
     assert recovered == {"GPU 1", str(broken)}
@@ -310,3 +311,93 @@ def test_an_agent_in_a_pid_namespace_of_its_own_maps_processes_through_the_hosts
     [[name, used, core, processes, driver]] = json.loads(observed.stdout)
     assert (name, used, processes, driver) == ("worker", GIB, 1, GIB + 300 * MIB)
     assert core == pytest.approx(0.2)  # the busy processes of the account
+
+
+def test_an_account_naming_other_gpus_changes_no_gpu_figure_and_adds_no_label(
+    agent: Agent, devices: list[FakeDevice], container: PidNamespace,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Root in the container rewrites its account: another container's GPU and 14 invented
+    ones next to its own, each with memory held."""
+    neighbour = start_pid_namespace(children=1)
+    try:
+        commit_container(agent.state, "other", neighbour.init, 8 * GIB, 20, (GPU1,),
+                         pod="serve-0", container="server")
+        account = _limited_container(agent, container)
+        invented = [f"GPU-{n:08d}-0000-0000-0000-000000000000" for n in range(14)]
+        write_account(account, [GPU0, GPU1, *invented], [
+            (container.ns_pids[1], container.start_time(1), [GIB] * 16)])
+        series = agent.scrape()
+    finally:
+        neighbour.stop()
+
+    assert series["vcuda_gpu_memory_limit_bytes"] == {_gpu(0, GPU0): 4 * GIB,
+                                                      _gpu(1, GPU1): 8 * GIB}
+    assert series["vcuda_gpu_core_limit_ratio"] == {_gpu(0, GPU0): 0.3, _gpu(1, GPU1): 0.2}
+    assert series["vcuda_gpu_containers"] == {_gpu(0, GPU0): 1, _gpu(1, GPU1): 1}
+    uuids = {dict(key).get("uuid") for values in series.values() for key in values}
+    assert uuids == {GPU0, GPU1, None}  # None: series without a uuid label
+    assert series["vcuda_container_memory_used_bytes"] == {
+        _worker(): GIB,  # its own report, on its own GPU
+        labels(namespace="team", pod="serve-0", container="server", node=NODE, gpu="1",
+               uuid=GPU1): 0}
+    [note] = [e for e in _events(capsys) if e["event"] == "skipped"]
+    assert note["what"] == f"{account} devices"
+    assert note["reason"].startswith(f"names 15 GPU(s) that are not this workload's or not "
+                                     f"this node's ('{GPU1}', '{invented[0]}'")
+
+
+_TENANT = 1000  # another user of the machine, who may write the shared run dir
+
+
+def _forge(base: Path, name: str, pid: int, account: Path, uid: int = _TENANT) -> Path:
+    """A directory that looks like vcuda-run's, made by user ``uid``: ``pid``'s, 1 TiB."""
+    forged = base / name
+    forged.mkdir(mode=0o700)
+    (forged / "owner").write_text(f"{pid} {process_start_time(pid)}\n")
+    (forged / "limits").write_text(f"version=1\nmemory={1 << 40}\ncores=100\ndevices=\n"
+                                   f"account={account}\n")
+    for path in (forged, forged / "owner", forged / "limits"):
+        os.chown(path, uid, uid)
+    return forged
+
+
+def test_a_forged_vcuda_run_directory_cannot_take_over_another_commands_account(
+    agent: Agent, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = start_vcuda_run(agent.run_dir, "--memory", "2Gi", "--devices", GPU1)
+    victim = run.process.pid
+    account = write_account(run.directory / "account", [GPU1],
+                            [(victim, process_start_time(victim), [256 * MIB])])
+    account.chmod(0o644)
+    # The tenant's directories sort first. One names the victim's process; one names the
+    # tenant's own process, started with its limits file; one links to the victim's.
+    claims_victim = _forge(agent.run_dir, "vcuda-run-!a", victim, account)
+    own = subprocess.Popen(["sleep", "600"], user=_TENANT, group=_TENANT,
+                           env={"VCUDA_LIMITS_FILE": str(agent.run_dir / "vcuda-run-!b/limits")})
+    try:
+        _forge(agent.run_dir, "vcuda-run-!b", own.pid, account)
+        (agent.run_dir / "vcuda-run-!c").symlink_to(run.directory)
+        _forge(agent.run_dir, "vcuda-run-!d", own.pid, account)  # not what it was started with
+        _forge(agent.run_dir, "vcuda-run-!e", own.pid, account).chmod(0o755)
+        series = agent.scrape()
+    finally:
+        own.kill()
+        own.wait()
+        run.stop()
+
+    command = labels(namespace="", pod="", container=f"vcuda-run-{victim}", node=NODE, gpu="1",
+                     uuid=GPU1)
+    assert series["vcuda_container_memory_limit_bytes"] == {command: 2 * GIB}
+    assert series["vcuda_container_memory_used_bytes"] == {command: 256 * MIB}
+    assert series["vcuda_gpu_memory_limit_bytes"] == {_gpu(0, GPU0): 0, _gpu(1, GPU1): 0}
+    reasons = {e["what"]: e["reason"] for e in _events(capsys) if e["event"] == "skipped"}
+    assert reasons[str(claims_victim)] == (f"names process {victim}, which runs as uid 0, and "
+                                           f"belongs to uid {_TENANT}")
+    assert reasons[str(account)] == f"account {account} belongs to uid 0, not to uid {_TENANT}"
+    assert reasons[str(agent.run_dir / "vcuda-run-!c")] == (
+        "not a directory vcuda-run made (Not a directory)")
+    assert reasons[str(agent.run_dir / "vcuda-run-!d")] == (
+        f"process {own.pid} was not started with $VCUDA_LIMITS_FILE naming its limits file")
+    assert reasons[str(agent.run_dir / "vcuda-run-!e")] == (
+        "mode 0755: vcuda-run makes its directories 0700")

@@ -6,17 +6,22 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from runtime_hook import ledger
-from runtime_hook.contract import Limits, render_limits
+from runtime_hook.contract import RUN_DIR_PREFIX
+from runtime_hook.node.http_serving import Limits
 from runtime_hook.node.metrics import NodeCollector, serve
 from runtime_hook.node.observe import Observer
 from runtime_hook.node_state import StateDir, process_start_time
+from tests.shim.harness import LIBRARY, REPO
 
 Series = dict[str, dict[frozenset, float]]
 
@@ -86,20 +91,39 @@ def commit_container(state: Path, container_id: str, owner: int, memory: int, co
     return Path(record) / "account" / "account"
 
 
-def make_vcuda_run_dir(base: Path, pid: int, limits: Limits) -> Path:
-    """The private directory vcuda-run keeps while its command ``pid`` runs."""
-    directory = base / f"vcuda-run-{pid}x"
-    directory.mkdir(parents=True)
-    (directory / "owner").write_text(f"{pid} {process_start_time(pid)}\n")
-    (directory / "limits").write_text(render_limits(limits))
-    return directory
+class VcudaRun(NamedTuple):
+    """A real vcuda-run whose command (``sleep``) runs: the process, its private directory."""
+
+    process: subprocess.Popen[bytes]
+    directory: Path
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def start_vcuda_run(tmpdir: Path, *options: str) -> VcudaRun:
+    """Run ``vcuda-run OPTIONS -- sleep 600`` with ``$TMPDIR`` ``tmpdir``; return once vcuda-run
+    has replaced itself with the command."""
+    before = set(tmpdir.glob(f"{RUN_DIR_PREFIX}*"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runtime_hook.run", *options, "--library", str(LIBRARY), "--",
+         "sleep", "600"],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "TMPDIR": str(tmpdir)})
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0")[0] != b"sleep":
+        assert process.poll() is None and time.monotonic() < deadline, "vcuda-run did not start"
+        time.sleep(0.01)
+    [directory] = set(tmpdir.glob(f"{RUN_DIR_PREFIX}*")) - before
+    return VcudaRun(process, directory)
 
 
 class Endpoint:
     """An observer's metrics served on a free port of 127.0.0.1, as ``vcuda-node run`` does."""
 
-    def __init__(self, observer: Observer, node: str) -> None:
-        self.server, _ = serve(NodeCollector(observer, node, observer.problems), "127.0.0.1", 0)
+    def __init__(self, observer: Observer, node: str, limits: Limits | None = None) -> None:
+        self.server, _ = serve(NodeCollector(observer, node, observer.problems), "127.0.0.1", 0,
+                               *([limits] if limits else []))
 
     def scrape(self) -> Series:
         return scrape(self.server.server_port)

@@ -200,3 +200,15 @@ def test_help_explains_sizes_and_sharing() -> None:
     assert result.returncode == 0
     assert "Ki, Mi, Gi, Ti (powers of" in result.stdout
     assert "--account" in result.stdout
+
+
+def test_the_limits_variable_comes_first_in_the_commands_environment(
+    shim_build: None, tmp_path: Path
+) -> None:
+    """Where the node agent reads it in /proc/<pid>/environ, whatever else is set."""
+    first = r'tr "\0" "\n" < /proc/$$/environ | head -n 1'
+    result = vcuda_run("--memory", "1Gi", "--", "sh", "-c", first, tmp=tmp_path,
+                       env=dict(os.environ, VCUDA_LIMITS_FILE="/elsewhere", A_LONG="x" * 5000))
+    assert result.returncode == 0, result.stderr
+    directory = next(tmp_path.glob("vcuda-run-*"))
+    assert result.stdout == f"VCUDA_LIMITS_FILE={directory / 'limits'}\n"

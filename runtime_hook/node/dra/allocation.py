@@ -44,7 +44,7 @@ class Share(Record):
 
 def claim_name(claim: Mapping[str, Any]) -> str:
     """``namespace/name`` of a claim object, for messages."""
-    metadata = claim.get("metadata") or {}
+    metadata = _object(claim.get("metadata"))
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
 
 
@@ -54,13 +54,16 @@ def shares(claim: Mapping[str, Any], pool: str,
 
     ``pool`` is this node's pool; ``offered`` maps each device name of its slice
     to (GPU UUID, memory capacity in bytes). Raise AllocationError when the
-    allocation is missing or names what this node does not offer.
+    allocation is missing, malformed, or names what this node does not offer.
     """
-    allocation = (claim.get("status") or {}).get("allocation")
+    allocation = _object(claim.get("status")).get("allocation")
     if not allocation:
         raise AllocationError(f"claim {claim_name(claim)} has no allocation yet",
                               "wait: kubelet prepares a claim once it is allocated")
-    results = (allocation.get("devices") or {}).get("results") or []
+    results = _object(_object(allocation).get("devices")).get("results") or []
+    if not isinstance(results, list) or not all(isinstance(r, Mapping) for r in results):
+        raise AllocationError(f"claim {claim_name(claim)}: its allocation's results are not "
+                              "a list of objects")
     found = [_share(result, pool, offered, claim) for result in results
              if result.get("driver") == DRIVER]
     if len({(s.cores, s.memory) for s in found}) > 1:
@@ -71,40 +74,58 @@ def shares(claim: Mapping[str, Any], pool: str,
     return found
 
 
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is an object; an empty one when it is absent or not an object (the
+    caller then finds the field it wants missing and says so)."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def _share(result: Mapping[str, Any], pool: str, offered: Mapping[str, tuple[str, int]],
            claim: Mapping[str, Any]) -> Share:
     device = result.get("device", "")
     if result.get("pool") != pool:
-        raise AllocationError(f"claim {claim_name(claim)}: device {device} of pool "
-                              f"{result.get('pool')!r} is not on this node (pool {pool!r})")
-    if device not in offered:
-        raise AllocationError(f"claim {claim_name(claim)}: device {device} is not a GPU of "
-                              "this node (removed since it was allocated?)")
+        raise AllocationError(f"claim {claim_name(claim)}: device {device!s:.100} of pool "
+                              f"{result.get('pool')!r:.100} is not on this node (pool {pool!r})")
+    if not isinstance(device, str) or device not in offered:
+        raise AllocationError(f"claim {claim_name(claim)}: device {device!r:.100} is not a GPU "
+                              "of this node (removed since it was allocated?)")
     uuid, capacity = offered[device]
     consumed = result.get("consumedCapacity")
+    request = str(result.get("request", ""))
     if consumed is None:
-        return Share(result.get("request", ""), device, uuid, CORES, capacity, True)
+        return Share(request, device, uuid, CORES, capacity, True)
+    if not isinstance(consumed, Mapping):
+        raise AllocationError(f"claim {claim_name(claim)}: device {device}'s consumedCapacity "
+                              "is not an object")
     cores = _amount(consumed, "cores", CORES, 1, CORES, claim)
     memory = _amount(consumed, "memory", capacity, MEMORY_UNIT, capacity, claim)
     if memory % MEMORY_UNIT:
         raise AllocationError(f"claim {claim_name(claim)}: memory {memory} is not a whole "
                               f"number of {MEMORY_UNIT >> 20} MiB")
     whole = cores == CORES and memory == capacity
-    return Share(result.get("request", ""), device, uuid, cores, memory, whole)
+    return Share(request, device, uuid, cores, memory, whole)
+
+
+_MAX_QUANTITY = 64  # characters: more than any amount of a GPU takes to write
 
 
 def _amount(consumed: Mapping[str, Any], key: str, default: int, low: int, high: int,
             claim: Mapping[str, Any]) -> int:
+    """The consumed ``key`` in ``low..high``; checked in that range before it becomes an int,
+    so that no value, however large its exponent, costs more than a comparison."""
     raw = consumed.get(key)
     if raw is None:
         return default
+    wrong = AllocationError(f"claim {claim_name(claim)}: consumed {key} {raw!r:.80} is not a "
+                            f"whole number in {low}..{high}")
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)) or len(str(raw)) > _MAX_QUANTITY:
+        raise wrong
     from kubernetes.utils.quantity import parse_quantity  # the client's own parser
 
     try:
         value = parse_quantity(raw)
-    except ValueError as exc:
-        raise AllocationError(f"claim {claim_name(claim)}: consumed {key}: {exc}") from None
-    if value != int(value) or not low <= value <= high:
-        raise AllocationError(f"claim {claim_name(claim)}: consumed {key} {raw!r} is not a "
-                              f"whole number in {low}..{high}")
+    except (ValueError, ArithmeticError):
+        raise wrong from None
+    if not value.is_finite() or not low <= value <= high or value != value.to_integral_value():
+        raise wrong
     return int(value)

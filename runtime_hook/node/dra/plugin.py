@@ -130,7 +130,7 @@ class KubeletPlugin:
             try:
                 prepared = self._preparer.prepare(
                     claim.uid, self._read_claim(claim.namespace, claim.name))
-            except (NodeError, OSError) as exc:
+            except Exception as exc:  # each claim gets its own answer, whatever went wrong
                 result.error = _line(exc)
                 self._failure("prepare", claim, result.error)
                 continue
@@ -147,7 +147,7 @@ class KubeletPlugin:
             result = answer.claims[claim.uid]
             try:
                 self._preparer.unprepare(claim.uid)
-            except (NodeError, OSError) as exc:
+            except Exception as exc:  # each claim gets its own answer, whatever went wrong
                 result.error = _line(exc)
                 self._failure("unprepare", claim, result.error)
                 continue
@@ -187,8 +187,12 @@ def with_fix(exc: Exception) -> str:
 
 
 def _line(exc: Exception) -> str:
-    """The one line kubelet records for a claim that failed."""
-    return f"vcuda: {with_fix(exc)}"
+    """The one line kubelet records for a claim that failed: the error's message and fix, or
+    for a fault of the plugin's own (no NodeError, no OSError) what it was."""
+    if isinstance(exc, (NodeError, OSError)):
+        return f"vcuda: {with_fix(exc)}"
+    return (f"vcuda: the plugin failed on this claim ({type(exc).__name__}: {str(exc)[:200]}); "
+            "fix: report it with the node agent's log; kubelet tries again")
 
 
 def _remove(path: str) -> None:
