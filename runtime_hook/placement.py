@@ -172,10 +172,10 @@ def decode_ledger(text: str | None) -> dict[str, Entry]:
             raise ValueError("pods is not an object")
         entries = {}
         for uid, item in pods.items():
-            if not isinstance(item, dict):
-                raise ValueError(f"the entry of {_shown(uid)} is not an object")
+            if not isinstance(item, dict) or not _printable(uid, MAX_UUID_CHARS):
+                raise ValueError(f"the entry of {_shown(uid)} is not an object of a pod uid")
             pod = item["pod"]
-            if not isinstance(pod, str) or len(pod) > MAX_POD_CHARS:
+            if not isinstance(pod, str) or not _printable(pod, MAX_POD_CHARS):
                 raise ValueError(f"pod {_shown(pod)} of {_shown(uid)} is not a pod's name")
             entries[uid] = Entry(pod, _bounded(item["at"], 0, MAX_SECONDS, "at"),
                                  assignment_from(item))
@@ -245,11 +245,16 @@ def _bounded(value: object, low: int, high: int, what: str) -> int:
 
 def _uuid(value: object) -> str:
     """``value`` if it is a GPU UUID: 1..MAX_UUID_CHARS printable ASCII characters, no space."""
-    if not (isinstance(value, str) and 0 < len(value) <= MAX_UUID_CHARS and value.isascii()
-            and value.isprintable() and " " not in value):
+    if not (isinstance(value, str) and value and _printable(value, MAX_UUID_CHARS)):
         raise ValueError(f"UUID {_shown(value)} is not 1..{MAX_UUID_CHARS} printable ASCII "
                          "characters")
     return value
+
+
+def _printable(text: str, limit: int) -> bool:
+    """Whether ``text`` has at most ``limit`` printable ASCII characters and no space: what
+    Kubernetes allows in names and uids, and what NVIDIA writes in UUIDs."""
+    return len(text) <= limit and text.isascii() and text.isprintable() and " " not in text
 
 
 def _shown(value: object) -> str:

@@ -85,6 +85,11 @@ HOSTILE = {
                               "vcuda.io/gpu-ledger is malformed: whole is not a list"),
     "ledger pod a number": ({LEDGER_ANNOTATION: _ledger({"pod": 7})},
                             "vcuda.io/gpu-ledger is malformed: pod 7 of 'uid-x' is not a pod"),
+    "ledger uid a lone surrogate": ({LEDGER_ANNOTATION: json.dumps(
+        {"version": 1, "pods": {"\ud800": {"pod": "team/x", "at": 1}}})},
+        "vcuda.io/gpu-ledger is malformed: the entry of '\\ud800' is not an object of a"),
+    "ledger pod with a space": ({LEDGER_ANNOTATION: _ledger({"pod": "team/a b"})},
+                                "vcuda.io/gpu-ledger is malformed: pod 'team/a b' of 'uid-x'"),
     "version a list": ({INVENTORY_ANNOTATION: '{"version": [1], "heartbeat": 1, "gpus": []}'},
                        "vcuda.io/gpus has version [1]; this vcuda reads version 1"),
 }
