@@ -7,6 +7,10 @@ ledger here. Nothing here outlives the process: it is listed again at start, and
 watch error (a version too old to watch from, 410, included); until that list is in, the view
 is not ready and the extender leaves every node out and says why. A watch the API server ends
 after its timeout is taken up again from the last version seen.
+
+A node whose vcuda annotations cannot be read is logged (``node_unreadable``, with the reason)
+when they arrive, once per change of them; placement leaves that node alone out, for the same
+reason.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from urllib.parse import quote
 import msgspec
 
 from extender.errors import ExtenderError
-from runtime_hook.contract import ENABLED_LABEL
+from extender.policy import unreadable
+from runtime_hook.contract import ENABLED_LABEL, INVENTORY_ANNOTATION, LEDGER_ANNOTATION
 from webhook.kube import Kube, KubeError
 
 SELECTOR = f"{ENABLED_LABEL}=true"  # where vcuda's node DaemonSet runs
@@ -29,6 +34,7 @@ _LIST_AS = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,app
 _WATCH_AS = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 WATCH_SECONDS = 300  # asked of the API server per watch; it ends the watch after that
 _RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)  # between failed lists, the last one repeated
+_PLACEMENT = (INVENTORY_ANNOTATION, LEDGER_ANNOTATION)  # the annotations placement reads
 
 
 class Meta(msgspec.Struct, frozen=True):
@@ -71,11 +77,12 @@ class NodeView:
     def get(self, name: str) -> Meta | None:
         return self._nodes.get(name)
 
-    def replace(self, nodes: list[Meta], version: str) -> None:
-        """Take a fresh list's nodes and version; the view is ready."""
-        self._nodes = {meta.name: meta for meta in nodes}
+    def replace(self, nodes: list[Meta], version: str) -> dict[str, Meta]:
+        """Take a fresh list's nodes and version; the view is ready. Return the nodes it had."""
+        before, self._nodes = self._nodes, {meta.name: meta for meta in nodes}
         self.version = version
         self.ready = True
+        return before
 
     def put(self, meta: Meta) -> None:
         """Take a Node's newer metadata: from the watch, or the answer to a write of ours
@@ -131,8 +138,10 @@ class NodeWatch:
             listed = _decode_list(await self._kube.read(_PATH, accept=_LIST_AS))
         except msgspec.DecodeError as exc:
             raise WatchError(f"the node list is not a NodeList: {exc}") from None
-        self.view.replace([item.metadata for item in listed.items or ()],
-                          listed.metadata.version)
+        before = self.view.replace([item.metadata for item in listed.items or ()],
+                                   listed.metadata.version)
+        for item in listed.items or ():
+            self._check(item.metadata, before.get(item.metadata.name))
         self._log.info("nodes_listed", nodes=len(listed.items or ()),
                        version=listed.metadata.version)
 
@@ -155,7 +164,9 @@ class NodeWatch:
             raise WatchError(f"a node watch event is not JSON of an event: {exc}") from None
         meta = event.object.metadata
         if event.type in ("ADDED", "MODIFIED"):
+            held = self.view.get(meta.name)
             self.view.put(meta)
+            self._check(meta, held)
         elif event.type == "DELETED":  # or no longer labelled
             self.view.remove(meta.name)
         elif event.type == "ERROR":  # 410: the version is too old to watch from
@@ -165,3 +176,13 @@ class NodeWatch:
             raise WatchError(f"a node watch event of unknown type {event.type!r}")
         if meta.version:
             self.view.version = meta.version
+
+    def _check(self, meta: Meta, held: Meta | None) -> None:
+        """Log that a node's vcuda annotations cannot be read, if they changed from ``held``
+        (its metadata before): once per content, however often the node is sent."""
+        now, before = meta.annotations or {}, (held.annotations or {}) if held else None
+        if before is not None and all(now.get(key) == before.get(key) for key in _PLACEMENT):
+            return
+        problem = unreadable(now)
+        if problem is not None:
+            self._log.warning("node_unreadable", node=meta.name, reason=problem)

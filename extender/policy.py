@@ -10,20 +10,23 @@ other way round.
 
 from __future__ import annotations
 
+import itertools
 import struct
-from collections import OrderedDict
+import sys
 from collections.abc import Collection, Iterable, Mapping
-from functools import lru_cache
 from typing import Any
 
 import msgspec
 
 from extender.errors import ExtenderError
+from extender.memo import Memo
 from runtime_hook.contract import (
     CORES_PER_GPU,
     INVENTORY_ANNOTATION,
     LEDGER_ANNOTATION,
     LIMITS_ANNOTATION,
+    MAX_GPU_MEMORY,
+    SHARED_RESOURCE,
     SHARES,
     WHOLE_RESOURCE,
     ContractError,
@@ -83,7 +86,8 @@ def pod_demand(pod: Mapping[str, Any], core_keys: Iterable[str]) -> Demand:
     """Read a pod's need from its ``vcuda.io/limits`` annotation and its containers' limits.
 
     Args:
-        pod: the Pod as JSON (``metadata`` and ``spec`` are read).
+        pod: the Pod as JSON (``metadata`` and ``spec`` are read), with the types the API server
+            gives its fields (:func:`extender.wire.parse_args` checks them).
         core_keys: the ``<domain>/vcuda-core`` resource names the webhook accepts.
     """
     spec = pod.get("spec") or {}
@@ -104,6 +108,11 @@ def pod_demand(pod: Mapping[str, Any], core_keys: Iterable[str]) -> Demand:
     if cores >= CORES_PER_GPU:
         raise DemandError(f"the pod's shared containers ask for {cores}% of one GPU together, "
                           f"more than a share ({SHARES}); give them fewer cores, or whole GPUs")
+    if memory > MAX_GPU_MEMORY:
+        raise DemandError("the pod's shared containers ask for more memory of one GPU "
+                          f"together than any GPU has ({MAX_GPU_MEMORY / (1 << 50):g} PiB); their "
+                          f"entries in {LIMITS_ANNOTATION} are written by the vcuda webhook: "
+                          "recreate the pod through it")
     return Demand(cores, memory, whole)
 
 
@@ -122,14 +131,14 @@ def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
     name = container.get("name", "")
     limits = (container.get("resources") or {}).get("limits") or {}
     raw = next((limits[key] for key in core_keys if key in limits), None)
-    try:
-        if raw is None:  # whole GPUs asked for by the device plugin's name, or no GPU
-            cores = CORES_PER_GPU * int(str(limits.get(WHOLE_RESOURCE, 0)))
-        else:
-            cores = int(str(raw))
-    except ValueError:
-        raise DemandError(f'container "{name}": its GPU limit is not a whole number; the vcuda '
-                          "webhook should have denied it: is it installed?") from None
+    if raw is None:  # whole GPUs asked for by the device plugin's name, or no GPU
+        if limits.get(SHARED_RESOURCE, "0") != "0":
+            raise DemandError(f'container "{name}" asks for {SHARED_RESOURCE} itself: a share '
+                              f"is asked for as {core_keys[0]} and its memory, which the vcuda "
+                              "webhook turns into that resource with the share's limits")
+        cores = CORES_PER_GPU * _count(limits.get(WHOLE_RESOURCE, "0"), name)
+    else:
+        cores = _count(raw, name)
     if cores == 0:
         return 0, 0, 0
     if cores >= CORES_PER_GPU and cores % CORES_PER_GPU == 0:
@@ -144,6 +153,17 @@ def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
                           "webhook: recreate the pod through it")
     cores, memory = entry
     return cores, memory, 0
+
+
+_MAX_COUNT_DIGITS = 6  # a GPU limit's digits: 999999 is ten thousand GPUs
+
+
+def _count(text: str, container: str) -> int:
+    """A GPU limit: plain decimal digits, as the API server writes a whole quantity."""
+    if not (0 < len(text) <= _MAX_COUNT_DIGITS and text.isascii() and text.isdigit()):
+        raise DemandError(f'container "{container}": its GPU limit is not a whole number; the '
+                          "vcuda webhook should have denied it: is it installed?")
+    return int(text)
 
 
 class GpuUse:
@@ -231,14 +251,15 @@ def node_gpus(name: str, annotations: Mapping[str, str] | None, now: float, max_
         pending: (pod uid, assignment) of binds written but perhaps not in these annotations.
         ignore: a pod uid not to count (the pod being placed, if a failed bind left it there).
     """
-    inventory, usage, counted = _read(annotations, now, max_age)
-    return _node(name, inventory, _current(inventory, usage, counted, pending, ignore))
+    node = _read(annotations, now, max_age)
+    return _node(name, node.inventory, _current(node, pending, ignore))
 
 
-def _current(inventory: Inventory, usage: _Usage, counted: Mapping[str, Assignment],
-             pending: Collection[tuple[str, Assignment]], ignore: str) -> _Usage:
-    """A node's ``usage`` by its ledger of ``counted`` pods, with the pending binds it does not
-    hold yet added and the pod ``ignore`` taken off (a failed bind may have left its line)."""
+def _current(node: _Decoded, pending: Collection[tuple[str, Assignment]],
+             ignore: str) -> _Usage:
+    """A node's usage by its ledger, with the pending binds it does not hold yet added and the
+    pod ``ignore`` taken off (a failed bind may have left its line)."""
+    counted, usage = node.counted, node.usage
     if not pending and ignore not in counted:  # most nodes, most of the time
         return usage
     seen = set(counted)
@@ -249,21 +270,14 @@ def _current(inventory: Inventory, usage: _Usage, counted: Mapping[str, Assignme
             extra.append(assignment)
             seen.add(uid)
     if ignore in counted:
-        usage = _added(inventory, usage, (counted[ignore],), -1)
-    return _added(inventory, usage, extra) if extra else usage
+        usage = _added(node.inventory, usage, (counted[ignore],), -1)
+    return _added(node.inventory, usage, extra) if extra else usage
 
 
 def _node(name: str, inventory: Inventory, usage: _Usage) -> NodeGpus:
     gpus = [GpuUse(gpu, cores, memory, bool(whole), pods)
             for gpu, (cores, memory, whole, pods) in zip(inventory.gpus, _ROW.iter_unpack(usage))]
     return NodeGpus(name, sorted(gpus, key=lambda g: g.gpu.index))
-
-
-@lru_cache(maxsize=8192)
-def _gpus_of(inventory_text: str, usage: _Usage) -> NodeGpus:
-    """A node's GPUs as :func:`_placed` reads them (nameless), once per state: many pod sizes
-    are asked about one state of a node."""
-    return _node("", _inventory(inventory_text), usage)
 
 
 def recorded(annotations: Mapping[str, str] | None) -> tuple[Collection[str], float | None]:
@@ -274,10 +288,24 @@ def recorded(annotations: Mapping[str, str] | None) -> tuple[Collection[str], fl
     if raw is None:
         return (), None
     try:
-        parsed = _parsed(raw, annotations.get(LEDGER_ANNOTATION))
+        node = _decoded(raw, annotations.get(LEDGER_ANNOTATION))
     except PlacementError:
         return (), None
-    return parsed[2], parsed[0].heartbeat
+    return node.counted, node.inventory.heartbeat
+
+
+def unreadable(annotations: Mapping[str, str] | None) -> str | None:
+    """Why a node's vcuda annotations cannot be read (None: they can, or it has none), decoding
+    them as placement will: the node's watch asks once per change of them."""
+    annotations = annotations or {}
+    raw = annotations.get(INVENTORY_ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        _decoded(raw, annotations.get(LEDGER_ANNOTATION))
+    except PlacementError as exc:
+        return str(exc)
+    return None
 
 
 def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,
@@ -288,27 +316,33 @@ def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,
     seen before: filter and prioritize ask the same question, and so do pods of one size. Binds
     in flight are on many nodes while a burst binds (with spread, on nearly all of them), and a
     bind that moves from pending to the ledger changes nothing given out: the answer holds."""
-    inventory, usage, counted = _read(annotations, now, max_age)
-    assert annotations is not None  # _read raised otherwise
-    answer = _placed(_same_gpus(annotations[INVENTORY_ANNOTATION]),
-                     _current(inventory, usage, counted, pending, ignore), demand.cores,
-                     demand.memory, demand.whole, strategy)
+    node = _read(annotations, now, max_age)
+    usage = _current(node, pending, ignore)
+    key = (node.gpus_id, usage, demand.cores, demand.memory, demand.whole, strategy)
+    answer = _answers.get(key)
+    if answer is None:
+        try:
+            answer = place(_gpus_of(node.gpus_id, node.inventory, usage), demand, strategy)
+        except Unfit as unfit:
+            answer = unfit
+        _answers.put(key, answer, _ANSWER_COST + sys.getsizeof(usage))
     if isinstance(answer, Unfit):
         raise Unfit(answer.reason, answer.cause)
     return answer
 
 
-@lru_cache(maxsize=65536)
-def _placed(inventory_text: str, usage: _Usage, cores: int, memory: int, whole: int,
-            strategy: str) -> Placement | Unfit:
-    try:
-        return place(_gpus_of(inventory_text, usage), Demand(cores, memory, whole), strategy)
-    except Unfit as unfit:
-        return unfit
+def _gpus_of(gpus_id: int, inventory: Inventory, usage: _Usage) -> NodeGpus:
+    """A node's GPUs as :func:`placement` reads them (nameless), once per state: many pod sizes
+    are asked about one state of a node. ``inventory`` lists the GPUs of ``gpus_id``."""
+    key = (gpus_id, usage)
+    gpus = _states.get(key)
+    if gpus is None:
+        gpus = _states.put(key, _node("", inventory, usage),
+                           sys.getsizeof(usage) + _GPU_USE_COST * len(inventory.gpus))
+    return gpus
 
 
-def _read(annotations: Mapping[str, str] | None, now: float, max_age: float
-          ) -> tuple[Inventory, _Usage, dict[str, Assignment]]:
+def _read(annotations: Mapping[str, str] | None, now: float, max_age: float) -> _Decoded:
     """A node's decoded annotations; raise Unfit (final) when it has no usable, fresh ones."""
     annotations = annotations or {}
     raw = annotations.get(INVENTORY_ANNOTATION)
@@ -316,15 +350,15 @@ def _read(annotations: Mapping[str, str] | None, now: float, max_age: float
         raise Unfit("no vcuda GPU inventory: the vcuda node agent does not run on this node",
                     NO_INVENTORY)
     try:
-        inventory, usage, counted = _parsed(raw, annotations.get(LEDGER_ANNOTATION))
+        node = _decoded(raw, annotations.get(LEDGER_ANNOTATION))
     except PlacementError as exc:
         raise Unfit(f"{exc}: check the vcuda node agent of this node",
                     UNREADABLE_INVENTORY) from None
-    age = now - inventory.heartbeat
+    age = now - node.inventory.heartbeat
     if age > max_age:
         raise Unfit(f"the vcuda node agent last published this node's GPUs {age:.0f} s ago "
                     f"(limit {max_age:.0f} s): check its vcuda-node pod", STALE_INVENTORY)
-    return inventory, usage, counted
+    return node
 
 
 # Each GPU's (cores, memory, whole, pods) given out, in the inventory's order: with the GPUs,
@@ -334,41 +368,93 @@ def _read(annotations: Mapping[str, str] | None, now: float, max_age: float
 # call, and a tuple of tuples would be hashed anew each time (8% of filter at 1,000 nodes).
 _Usage = bytes
 _ROW = struct.Struct("<4q")
+_MOST = (1 << 62) - 1  # a sum past it is past any GPU's room: it stays there, in an int64
+
+# What the memos below may hold, in bytes as charged (the extender's limit is 512 MiB): each
+# node's values, decoded once per distinct text, however large or often rewritten they are
+# (within the bounds of runtime_hook.placement).
+INVENTORY_BYTES = 16 << 20
+LEDGER_BYTES = 32 << 20
+NODE_BYTES = 16 << 20
+GPU_SET_BYTES = 8 << 20
+STATE_BYTES = 16 << 20
+ANSWER_BYTES = 16 << 20
+# What one decoded item holds beyond its key's text, measured (tests/extender/test_memory.py).
+_GPU_COST = 200  # a Gpu and its UUID, in an inventory or a set of GPUs
+_ENTRY_COST = 500  # a ledger's Entry, its Assignment, the pod's name and uid
+_COUNTED_COST = 50  # a pod's place in a decoded node's ``counted``
+_GPU_USE_COST = 250  # a GpuUse of a node's state
+_ANSWER_COST = 450  # a Placement or an Unfit, and its key
+_ERROR_COST = 250  # the message kept for a value that cannot be read, beyond its text
 
 
-@lru_cache(maxsize=8192)
-def _parsed(inventory_text: str, ledger_text: str | None
-            ) -> tuple[Inventory, _Usage, dict[str, Assignment]]:
-    """Decode a node's two annotations once: the scheduler sends the same ones pod after pod,
-    and they change only when a bind or the agent writes them."""
-    inventory = _inventory(inventory_text)
-    counted = {uid: entry.assignment for uid, entry in ledger_entries(ledger_text).items()}
-    return inventory, _added(inventory, bytes(_ROW.size * len(inventory.gpus)),
-                             counted.values()), counted
+class _Decoded:
+    """A node's two annotations decoded: its inventory, the id of the set of GPUs it lists
+    (answers are kept by it: they outlive heartbeats), each GPU's use by its ledger, and the
+    assignments of the pods that ledger counts."""
+
+    __slots__ = ("counted", "gpus_id", "inventory", "usage")
+
+    def __init__(self, inventory: Inventory, gpus_id: int, usage: _Usage,
+                 counted: dict[str, Assignment]) -> None:
+        self.inventory, self.gpus_id, self.usage, self.counted = (inventory, gpus_id, usage,
+                                                                  counted)
 
 
-@lru_cache(maxsize=1024)
-def _inventory(text: str) -> Inventory:
-    """An inventory decoded once: it changes with the agent's heartbeat, not with binds."""
-    return decode_inventory(text)
+# A value that cannot be read is remembered by its error's message (an exception raised again
+# would grow its traceback each time).
+_nodes: Memo[tuple[str, str | None], _Decoded | str] = Memo(NODE_BYTES)
+_inventories: Memo[str, tuple[Inventory, int] | str] = Memo(INVENTORY_BYTES)
+_gpu_sets: Memo[tuple[Gpu, ...], int] = Memo(GPU_SET_BYTES)
+_ledgers: Memo[str, Mapping[str, Entry] | str] = Memo(LEDGER_BYTES)
+_states: Memo[tuple[int, _Usage], NodeGpus] = Memo(STATE_BYTES)
+_answers: Memo[tuple[int, _Usage, int, int, int, str], Placement | Unfit] = Memo(ANSWER_BYTES)
+_gpu_set_ids = itertools.count()
 
 
-GPU_SETS_KEPT = 65536  # distinct sets of a node's GPUs remembered (new nodes, GPUs replaced)
-_first_with_gpus: dict[tuple[Gpu, ...], str] = {}
+def _decoded(inventory_text: str, ledger_text: str | None) -> _Decoded:
+    """A node's two annotations, decoded once per distinct pair of texts (the scheduler sends
+    the same ones pod after pod); raise PlacementError when either cannot be read."""
+    key = (inventory_text, ledger_text)
+    node = _nodes.get(key)
+    if node is None:
+        try:
+            inventory, gpus_id = _inventory(inventory_text)
+            counted = {uid: entry.assignment
+                       for uid, entry in ledger_entries(ledger_text).items()}
+            usage = _added(inventory, bytes(_ROW.size * len(inventory.gpus)), counted.values())
+            node = _Decoded(inventory, gpus_id, usage, counted)
+            cost = sys.getsizeof(usage) + _COUNTED_COST * len(counted)
+        except PlacementError as exc:
+            node = str(exc)
+            cost = _ERROR_COST + sys.getsizeof(node)
+        _nodes.put(key, node, cost + _text_cost(inventory_text) + _text_cost(ledger_text))
+    if isinstance(node, str):
+        raise PlacementError(node)
+    return node
 
 
-@lru_cache(maxsize=1024)
-def _same_gpus(text: str) -> str:
-    """The first inventory text seen with the GPUs of ``text`` (a valid one). Each agent pass
-    writes a new heartbeat, which changes the text but not where a pod fits: keyed by this one,
-    :func:`_placed`'s answers outlive heartbeats."""
-    if len(_first_with_gpus) >= GPU_SETS_KEPT:
-        _first_with_gpus.clear()
-    return _first_with_gpus.setdefault(_inventory(text).gpus, text)
-
-
-LEDGERS_KEPT = 8192  # distinct ledger annotations kept decoded (the newest used)
-_ledgers: OrderedDict[str, Mapping[str, Entry]] = OrderedDict()
+def _inventory(text: str) -> tuple[Inventory, int]:
+    """An inventory decoded once, and the id of its set of GPUs: it changes with the agent's
+    heartbeat, not with binds. Each agent pass writes a new heartbeat, which changes the text
+    but not where a pod fits."""
+    found = _inventories.get(text)
+    if found is None:
+        try:
+            inventory = decode_inventory(text)
+        except PlacementError as exc:
+            found = str(exc)
+            cost = _ERROR_COST + sys.getsizeof(found)
+        else:
+            gpus_id = _gpu_sets.get(inventory.gpus)
+            if gpus_id is None:
+                gpus_id = _gpu_sets.put(inventory.gpus, next(_gpu_set_ids),
+                                        _GPU_COST * len(inventory.gpus))
+            found, cost = (inventory, gpus_id), _GPU_COST * len(inventory.gpus)
+        _inventories.put(text, found, cost + _text_cost(text))
+    if isinstance(found, str):
+        raise PlacementError(found)
+    return found
 
 
 def ledger_entries(text: str | None) -> Mapping[str, Entry]:
@@ -378,10 +464,13 @@ def ledger_entries(text: str | None) -> Mapping[str, Entry]:
         return {}
     entries = _ledgers.get(text)
     if entries is None:
-        entries = decode_ledger(text)
-        wrote_ledger(text, entries)
-    else:
-        _ledgers.move_to_end(text)
+        try:
+            entries = wrote_ledger(text, decode_ledger(text))
+        except PlacementError as exc:
+            entries = str(exc)
+            _ledgers.put(text, entries, _ERROR_COST + sys.getsizeof(entries) + _text_cost(text))
+    if isinstance(entries, str):
+        raise PlacementError(entries)
     return entries
 
 
@@ -392,12 +481,15 @@ def ledger_text(entries: Mapping[str, Entry]) -> str:
     return _encode_json(ledger_document(entries)).decode()
 
 
-def wrote_ledger(text: str, entries: Mapping[str, Entry]) -> None:
-    """Note that ``text`` is the ledger annotation of ``entries``: bind calls it with the one it
-    wrote, so the next filter, which is sent that text, does not decode it again."""
-    _ledgers[text] = entries
-    if len(_ledgers) > LEDGERS_KEPT:
-        _ledgers.popitem(last=False)
+def wrote_ledger(text: str, entries: Mapping[str, Entry]) -> Mapping[str, Entry]:
+    """Note that ``text`` is the ledger annotation of ``entries`` (returned): bind calls it with
+    the one it wrote, so the next filter, which is sent that text, does not decode it again."""
+    _ledgers.put(text, entries, _text_cost(text) + _ENTRY_COST * len(entries))
+    return entries
+
+
+def _text_cost(text: str | None) -> int:
+    return 0 if text is None else sys.getsizeof(text)
 
 
 def _added(inventory: Inventory, usage: _Usage, assignments: Iterable[Assignment],
@@ -409,8 +501,8 @@ def _added(inventory: Inventory, usage: _Usage, assignments: Iterable[Assignment
     for assignment in assignments:
         if assignment.shared and (at := where.get(assignment.shared[0])) is not None:
             cores, memory, whole, pods = _ROW.unpack_from(rows, at)
-            _ROW.pack_into(rows, at, cores + sign * assignment.shared[1],
-                           memory + sign * assignment.shared[2], whole, pods + sign)
+            _ROW.pack_into(rows, at, min(cores + sign * assignment.shared[1], _MOST),
+                           min(memory + sign * assignment.shared[2], _MOST), whole, pods + sign)
         for uuid in assignment.whole:
             if (at := where.get(uuid)) is not None:
                 cores, memory, _, pods = _ROW.unpack_from(rows, at)

@@ -64,6 +64,38 @@ class _BindingArgs(msgspec.Struct, frozen=True):
     old_node: str = msgspec.field(default="", name="node")
 
 
+class _Resources(msgspec.Struct, frozen=True):
+    limits: dict[str, str] | None = None  # quantities are strings on the wire
+
+
+class _Container(msgspec.Struct, frozen=True):
+    name: str = ""
+    restart_policy: str | None = msgspec.field(default=None, name="restartPolicy")
+    resources: _Resources | None = None
+
+
+class _Spec(msgspec.Struct, frozen=True):
+    containers: list[_Container] | None = None
+    init_containers: list[_Container] | None = msgspec.field(default=None,
+                                                             name="initContainers")
+
+
+class _PodMeta(msgspec.Struct, frozen=True):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    version: str | None = msgspec.field(default=None, name="resourceVersion")
+    annotations: dict[str, str] | None = None
+
+
+class _Pod(msgspec.Struct, frozen=True):
+    """The fields of a Pod that the extender reads, with the types the API server gives them:
+    a pod sent with others is not one kube-scheduler sends."""
+
+    metadata: _PodMeta
+    spec: _Spec
+
+
 _decode_args = msgspec.json.Decoder(_ExtenderArgs).decode
 _decode_binding = msgspec.json.Decoder(_BindingArgs).decode
 _encode = msgspec.json.Encoder().encode
@@ -82,6 +114,11 @@ def parse_args(body: bytes) -> ExtenderArgs:
     metadata = pod.get("metadata")
     if not isinstance(metadata, dict) or not isinstance(pod.get("spec"), dict):
         raise BadArguments("ExtenderArgs.Pod has no metadata or spec object")
+    try:
+        msgspec.convert(pod, _Pod)
+    except msgspec.ValidationError as exc:
+        raise BadArguments(f"ExtenderArgs.Pod is not a Pod as the API server holds it: {exc}") \
+            from None
     if names is None:
         if args.nodes is not None or args.old_nodes is not None:
             raise BadArguments("ExtenderArgs has Nodes and no NodeNames: configure this "

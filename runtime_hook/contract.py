@@ -32,13 +32,15 @@ at module level.
   ``time``, ``level`` and ``event`` :func:`log_line` writes, the same in each.
 - The largest share a node's GPUs give (node agent → webhook): the Node
   annotation ``vcuda.io/max-gpu-memory``, the bytes of its largest GPU times the
-  agent's memory scaling, in decimal; the webhook reads it of the Nodes labelled
+  agent's memory scaling, in decimal (plain ASCII digits, 256 MiB to
+  ``MAX_GPU_MEMORY``); the webhook reads it of the Nodes labelled
   ``vcuda.io/enabled=true``.
 - Per-GPU placement (node agent, scheduler extender, device plugin, hook): the
   Node annotations ``vcuda.io/gpus`` (inventory and heartbeat) and
   ``vcuda.io/gpu-ledger``, the Pod annotation ``vcuda.io/assigned-gpus``, and the
   device-plugin resources ``vcuda.io/shared-gpu`` and ``vcuda.io/gpu``; their
-  formats are in :mod:`runtime_hook.placement`.
+  formats, and the bounds their readers hold them to (characters, GPUs, numbers),
+  are in :mod:`runtime_hook.placement`.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ SHARE_MIN, SHARE_MAX = 1, 99  # vcuda-core of a shared GPU
 SHARES = f"{SHARE_MIN}..{SHARE_MAX}"  # the range as messages write it
 MEMORY_UNIT = 256 << 20  # bytes in one vcuda-memory unit
 MEMORY_SCALING_MAX = 100.0  # --memory-scaling of the hook and the node agent is in (0, 100]
+# 1 PiB: more than any GPU has, scaled; a larger figure that a node or pod publishes is malformed.
+MAX_GPU_MEMORY = 1 << 50
 
 _DNS_LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 

@@ -23,6 +23,15 @@ Three annotations, all JSON, all written by vcuda only:
 - ``vcuda.io/assigned-gpus`` on a Pod, written with its Binding: the same ``shared`` and
   ``whole`` fields, for the node side and for people to read.
 
+Each reader holds them to bounds, since a node's own agent writes two of them and one broken
+or hostile node must not cost every reader (the scheduler extender reads all nodes): at most
+:data:`MAX_INVENTORY_CHARS` characters and :data:`MAX_GPUS` GPUs in an inventory,
+:data:`MAX_LEDGER_CHARS` in a ledger (the API server's limit for all of an object's
+annotations), UUIDs of 1..:data:`MAX_UUID_CHARS` printable ASCII characters, GPU memory and a
+share's bytes at most :data:`~runtime_hook.contract.MAX_GPU_MEMORY`, shared cores in
+``SHARE_MIN..SHARE_MAX``, indices below :data:`MAX_GPUS`, times (``heartbeat``, ``at``) below
+:data:`MAX_SECONDS`. Anything else is malformed: the value is refused whole, with its reason.
+
 Standard library only: the OCI hook may import it.
 """
 
@@ -34,6 +43,9 @@ from runtime_hook.contract import (
     ASSIGNMENT_ANNOTATION,
     INVENTORY_ANNOTATION,
     LEDGER_ANNOTATION,
+    MAX_GPU_MEMORY,
+    SHARE_MAX,
+    SHARE_MIN,
     ContractError,
     Gpu,
 )
@@ -44,6 +56,14 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 FORMAT_VERSION = 1
+# A node has at most 16 GPUs today; in MIG mode each is listed with its (up to 7) devices.
+MAX_GPUS = 256
+MAX_UUID_CHARS = 128  # NVIDIA's are 40 ("GPU-" and a UUID), MIG's older form about 50
+MAX_INVENTORY_CHARS = 64 << 10  # MAX_GPUS entries of the longest UUIDs fit
+MAX_LEDGER_CHARS = 256 << 10  # the API server's limit for all of an object's annotations
+MAX_ASSIGNMENT_CHARS = 64 << 10
+MAX_POD_CHARS = 317  # a namespace (63), "/" and a pod name (253)
+MAX_SECONDS = 1 << 40  # Unix seconds: the year 36812
 
 
 class PlacementError(ContractError):
@@ -99,21 +119,28 @@ def encode_inventory(gpus: list[Gpu], heartbeat: int) -> str:
 
 
 def decode_inventory(text: str) -> Inventory:
-    """Read :data:`INVENTORY_ANNOTATION`; raise PlacementError naming what is wrong."""
-    body = _object(text, INVENTORY_ANNOTATION)
+    """Read :data:`INVENTORY_ANNOTATION`; raise PlacementError naming what is wrong. Linear in
+    the text's length, which is bounded."""
+    body = _object(text, INVENTORY_ANNOTATION, MAX_INVENTORY_CHARS)
     try:
-        heartbeat = body["heartbeat"]
-        if not _whole(heartbeat):
-            raise ValueError(f"heartbeat {heartbeat!r}")
+        heartbeat = _bounded(body["heartbeat"], 0, MAX_SECONDS, "heartbeat")
+        items = body["gpus"]
+        if not isinstance(items, list) or len(items) > MAX_GPUS:
+            raise ValueError(f"gpus is not a list of at most {MAX_GPUS} GPUs")
         gpus: list[Gpu] = []
-        for item in body["gpus"]:
-            uuid, index, memory = item["uuid"], item["index"], item["memory"]
-            if not isinstance(uuid, str) or not uuid or not _whole(index) or not _whole(memory):
-                raise ValueError(f"GPU {item!r}")
-            if any(gpu.uuid == uuid for gpu in gpus):  # what is given out is counted by UUID
+        seen: set[str] = set()
+        for item in items:
+            if not isinstance(item, dict):
+                raise ValueError(f"GPU {_shown(item)} is not an object")
+            uuid = _uuid(item["uuid"])
+            if uuid in seen:  # what is given out is counted by UUID
                 raise ValueError(f"GPU {uuid} is listed twice")
-            gpus.append(Gpu(uuid, index, memory))
-    except (KeyError, TypeError, ValueError) as exc:
+            seen.add(uuid)
+            gpus.append(Gpu(uuid, _bounded(item["index"], 0, MAX_GPUS - 1, "index"),
+                            _bounded(item["memory"], 0, MAX_GPU_MEMORY, "memory")))
+    except KeyError as exc:
+        raise PlacementError(f"{INVENTORY_ANNOTATION} is malformed: {exc} is missing") from None
+    except ValueError as exc:
         raise PlacementError(f"{INVENTORY_ANNOTATION} is malformed: {exc}") from None
     return Inventory(tuple(gpus), heartbeat)
 
@@ -138,12 +165,25 @@ def decode_ledger(text: str | None) -> dict[str, Entry]:
     """Read :data:`LEDGER_ANNOTATION` (None: no ledger yet) into entries by pod uid."""
     if text is None:
         return {}
-    body = _object(text, LEDGER_ANNOTATION)
+    body = _object(text, LEDGER_ANNOTATION, MAX_LEDGER_CHARS)
     try:
-        return {uid: Entry(item["pod"], item["at"], assignment_from(item))
-                for uid, item in body["pods"].items()}
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise PlacementError(f"{LEDGER_ANNOTATION} is malformed: {exc!r}") from None
+        pods = body["pods"]
+        if not isinstance(pods, dict):
+            raise ValueError("pods is not an object")
+        entries = {}
+        for uid, item in pods.items():
+            if not isinstance(item, dict) or not _printable(uid, MAX_UUID_CHARS):
+                raise ValueError(f"the entry of {_shown(uid)} is not an object of a pod uid")
+            pod = item["pod"]
+            if not isinstance(pod, str) or not _printable(pod, MAX_POD_CHARS):
+                raise ValueError(f"pod {_shown(pod)} of {_shown(uid)} is not a pod's name")
+            entries[uid] = Entry(pod, _bounded(item["at"], 0, MAX_SECONDS, "at"),
+                                 assignment_from(item))
+    except KeyError as exc:
+        raise PlacementError(f"{LEDGER_ANNOTATION} is malformed: {exc} is missing") from None
+    except ValueError as exc:
+        raise PlacementError(f"{LEDGER_ANNOTATION} is malformed: {exc}") from None
+    return entries
 
 
 def encode_assignment(assignment: Assignment) -> str:
@@ -153,39 +193,76 @@ def encode_assignment(assignment: Assignment) -> str:
 
 def decode_assignment(text: str) -> Assignment:
     """Read :data:`ASSIGNMENT_ANNOTATION`; raise PlacementError naming what is wrong."""
-    body = _object(text, ASSIGNMENT_ANNOTATION)
+    body = _object(text, ASSIGNMENT_ANNOTATION, MAX_ASSIGNMENT_CHARS)
     try:
         return assignment_from(body)
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:
         raise PlacementError(f"{ASSIGNMENT_ANNOTATION} is malformed: {exc}") from None
 
 
 def assignment_from(body: dict) -> Assignment:
-    """The ``shared`` and ``whole`` fields of a ledger entry or an assignment."""
+    """The ``shared`` and ``whole`` fields of a ledger entry or an assignment; raise ValueError
+    naming what is wrong."""
     shared = body.get("shared")
     if shared is not None:
-        uuid, cores, memory = shared
-        if not isinstance(uuid, str) or not _whole(cores) or not _whole(memory):
-            raise ValueError(f"shared {shared!r}")
-        shared = (uuid, cores, memory)
+        if not isinstance(shared, list) or len(shared) != 3:
+            raise ValueError(f"shared {_shown(shared)} is not [uuid, cores, bytes]")
+        shared = (_uuid(shared[0]), _bounded(shared[1], SHARE_MIN, SHARE_MAX, "shared cores"),
+                  _bounded(shared[2], 1, MAX_GPU_MEMORY, "shared bytes"))
     whole = body.get("whole") or []
-    if not all(isinstance(uuid, str) and uuid for uuid in whole):
-        raise ValueError(f"whole {whole!r}")
-    return Assignment(shared, tuple(whole))
+    if not isinstance(whole, list) or len(whole) > MAX_GPUS:
+        raise ValueError(f"whole is not a list of at most {MAX_GPUS} UUIDs")
+    return Assignment(shared, tuple(_uuid(uuid) for uuid in whole))
 
 
-def _object(text: str, name: str) -> dict:
+def _object(text: str, name: str, limit: int) -> dict:
+    if not isinstance(text, str):
+        raise PlacementError(f"{name} is not a string")
+    if len(text) > limit:
+        raise PlacementError(f"{name} has {len(text)} characters, more than the {limit} "
+                             "allowed")
     try:
         body = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise PlacementError(f"{name} is not JSON: {exc}") from None
+    except ValueError as exc:  # digits past Python's limit for int() too
+        raise PlacementError(f"{name} is not JSON: {_cut(str(exc))}") from None
+    except RecursionError:
+        raise PlacementError(f"{name} is nested too deep to be read") from None
     if not isinstance(body, dict):
         raise PlacementError(f"{name} is not a JSON object")
     if body.get("version", FORMAT_VERSION) != FORMAT_VERSION:
-        raise PlacementError(f"{name} has version {body.get('version')!r}; this vcuda reads "
-                             f"version {FORMAT_VERSION}: run one vcuda version in the cluster")
+        raise PlacementError(f"{name} has version {_shown(body.get('version'))}; this vcuda "
+                             f"reads version {FORMAT_VERSION}: run one vcuda version in the "
+                             "cluster")
     return body
 
 
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _bounded(value: object, low: int, high: int, what: str) -> int:
+    """``value`` if it is a whole number in low..high (not a bool); ValueError otherwise."""
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{what} {_shown(value)} is not a whole number in {low}..{high}")
+    return value
+
+
+def _uuid(value: object) -> str:
+    """``value`` if it is a GPU UUID: 1..MAX_UUID_CHARS printable ASCII characters, no space."""
+    if not (isinstance(value, str) and value and _printable(value, MAX_UUID_CHARS)):
+        raise ValueError(f"UUID {_shown(value)} is not 1..{MAX_UUID_CHARS} printable ASCII "
+                         "characters")
+    return value
+
+
+def _printable(text: str, limit: int) -> bool:
+    """Whether ``text`` has at most ``limit`` printable ASCII characters and no space: what
+    Kubernetes allows in names and uids, and what NVIDIA writes in UUIDs."""
+    return len(text) <= limit and text.isascii() and text.isprintable() and " " not in text
+
+
+def _shown(value: object) -> str:
+    """``value`` as a message may quote it: its repr, cut short (values are the nodes')."""
+    if isinstance(value, int) and value.bit_length() >= 64:  # repr() refuses 4,300 digits
+        return f"a number of {value.bit_length()} bits"
+    return _cut(repr(value))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= 80 else f"{text[:77]}..."

@@ -14,7 +14,12 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
-from runtime_hook.contract import ENABLED_LABEL, MAX_GPU_MEMORY_ANNOTATION, MEMORY_UNIT
+from runtime_hook.contract import (
+    ENABLED_LABEL,
+    MAX_GPU_MEMORY,
+    MAX_GPU_MEMORY_ANNOTATION,
+    MEMORY_UNIT,
+)
 from webhook.kube import Kube, KubeError
 
 # resourceVersion=0: served from the API server's watch cache, not a quorum read of etcd.
@@ -30,23 +35,40 @@ class Largest(NamedTuple):
     node: str
 
 
-def largest_published(items: Iterable[dict[str, Any]]) -> tuple[Largest | None, list[str]]:
+def largest_published(items: Iterable[object]) -> tuple[Largest | None, list[str]]:
     """The largest share the Nodes ``items`` publish (None: none does), and the names of those
-    whose value is not a whole number of bytes of at least 256 MiB."""
+    whose value is not a number of bytes from 256 MiB to ``MAX_GPU_MEMORY`` (1 PiB) in plain
+    decimal digits. Whatever a Node holds, this neither raises nor takes more than a glance."""
     best: Largest | None = None
     malformed = []
     for item in items:
-        metadata = item.get("metadata") or {}
-        value = (metadata.get("annotations") or {}).get(MAX_GPU_MEMORY_ANNOTATION)
+        metadata = item.get("metadata") if isinstance(item, dict) else None
+        metadata = metadata if isinstance(metadata, dict) else {}
+        annotations = metadata.get("annotations")
+        value = annotations.get(MAX_GPU_MEMORY_ANNOTATION) if isinstance(annotations,
+                                                                         dict) else None
         if value is None:
             continue
-        name = str(metadata.get("name", "?"))
-        whole = isinstance(value, str) and value.isascii() and value.isdigit()
-        if not (whole and int(value) >= MEMORY_UNIT):
+        name = str(metadata.get("name", "?"))[:_NAME_CHARS]
+        memory = _share(value)
+        if memory is None:
             malformed.append(name)
-        elif best is None or int(value) > best.memory:
-            best = Largest(int(value), name)
+        elif best is None or memory > best.memory:
+            best = Largest(memory, name)
     return best, sorted(malformed)
+
+
+_DIGITS = len(str(MAX_GPU_MEMORY))  # the text is bounded before int() reads it
+_NAME_CHARS = 253  # a Node's name
+
+
+def _share(value: object) -> int | None:
+    """The bytes of a published share; None when ``value`` is not one."""
+    if not (isinstance(value, str) and 0 < len(value) <= _DIGITS and value.isascii()
+            and value.isdigit()):
+        return None
+    memory = int(value)
+    return memory if MEMORY_UNIT <= memory <= MAX_GPU_MEMORY else None
 
 
 class LargestGpu:
@@ -63,15 +85,17 @@ class LargestGpu:
         self._problem = ""  # the last one logged, so that a lasting one is logged once
 
     async def refresh(self) -> None:
-        """List the Nodes once; on failure keep what was learned before, and log why."""
+        """List the Nodes once; on failure keep what was learned before, and log why. Never
+        raises: the webhook starts, and goes on polling, whatever the Nodes hold."""
         try:
             answer = await self._kube.get(NODES_PATH, accept=METADATA_ONLY)
+            items = answer.get("items") if isinstance(answer, dict) else None
+            largest, malformed = largest_published(items if isinstance(items, list) else ())
         except KubeError as exc:
             self._report(f"cannot list nodes: {exc.message}")
             return
-        largest, malformed = largest_published(answer.get("items") or [])
-        self._report(f"{MAX_GPU_MEMORY_ANNOTATION} is not a number of bytes (at least 256 "
-                     f"MiB) on {', '.join(malformed)}" if malformed else "")
+        self._report(f"{MAX_GPU_MEMORY_ANNOTATION} is not a number of bytes from 256 MiB to "
+                     f"1 PiB in decimal digits on {', '.join(malformed)}" if malformed else "")
         if largest != self._largest:
             self._largest = largest
             self._log.info("max_gpu_memory_learned", bytes=largest and largest.memory,

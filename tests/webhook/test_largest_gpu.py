@@ -47,7 +47,8 @@ def test_the_largest_share_published_wins_and_nodes_without_one_do_not_count() -
 
 
 # "²" is a digit to str.isdigit() that int() refuses: it must not end the polling task.
-@pytest.mark.parametrize("value", ["lots", "-5", "1.5e9", "", str(255 << 20), "²"])
+@pytest.mark.parametrize("value", ["lots", "-5", "1.5e9", "", str(255 << 20), "²", "9" * 5000,
+                                   "9" * 401, str((1 << 50) + 1), " 17179869184", "1_7179869184"])
 def test_a_value_that_is_not_bytes_of_at_least_256_mib_is_named_and_left_out(value: str) -> None:
     assert largest_published([_node("bad", value), _node("good", str(16 * GIB))]) == (
         Largest(16 * GIB, "good"), ["bad"])
@@ -184,3 +185,27 @@ def test_the_pods_service_account_is_read_without_a_kubeconfig(
     with pytest.raises(KubeError, match=r"no Kubernetes credentials: .*/token: No such file or "
                                         r"directory \(is the service account token mounted\?\)"):
         Credentials.in_cluster(str(account))
+
+
+# A value past Python's digits for int() made the first list raise: the webhook exited 1. One of
+# 401 digits was taken as the bound: /metrics answered 500 and any request was admitted.
+@pytest.mark.parametrize("digits", [5000, 401])
+def test_a_node_publishing_a_huge_value_is_named_and_ignored_from_start_to_every_poll(
+    api: FakeNodesApi, secret: SecretVolume, client_context: ssl.SSLContext, tmp_path: Path,
+    digits: int
+) -> None:
+    api.add_node("hostile", {}, ENABLED, {MAX_GPU_MEMORY_ANNOTATION: "9" * digits})
+    running = start_server(secret, client_context, tmp_path / "webhook.log",
+                           api=_credentials(api), nodes_interval=0.05)
+    try:
+        assert _bound(running) == 141 * GIB
+        huge = running.review(review(pod(shared("train", memory=str(10 ** 30)))))
+        assert huge["allowed"] is False
+        api.add_node("b200", {}, ENABLED, {MAX_GPU_MEMORY_ANNOTATION: str(180 * GIB)})
+        _until(lambda: _bound(running) == 180 * GIB)  # the polling goes on
+        entries = running.logs()
+    finally:
+        running.stop()
+    [warning] = [e for e in entries if e["event"] == "max_gpu_memory_unread"]
+    assert warning["reason"] == ("vcuda.io/max-gpu-memory is not a number of bytes from 256 MiB "
+                                 "to 1 PiB in decimal digits on hostile")
