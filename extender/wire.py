@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from extender.errors import ExtenderError
+from webhook.json_errors import misfit, why_refused
 
 
 class BadArguments(ExtenderError, ValueError):
@@ -105,8 +106,9 @@ def parse_args(body: bytes) -> ExtenderArgs:
     """Read ExtenderArgs; raise BadArguments unless it has a pod and node names."""
     try:
         args = _decode_args(body)
-    except msgspec.DecodeError as exc:
-        raise BadArguments(f"not ExtenderArgs: {exc}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        why = why_refused(body, _ExtenderArgs, "ExtenderArgs")
+        raise BadArguments(f"not ExtenderArgs: {why}") from None
     pod = args.pod if args.pod is not None else args.old_pod
     names = args.node_names if args.node_names is not None else args.old_node_names
     if not pod:
@@ -116,8 +118,9 @@ def parse_args(body: bytes) -> ExtenderArgs:
         raise BadArguments("ExtenderArgs.Pod has no metadata or spec object")
     try:
         msgspec.convert(pod, _Pod)
-    except msgspec.ValidationError as exc:
-        raise BadArguments(f"ExtenderArgs.Pod is not a Pod as the API server holds it: {exc}") \
+    except msgspec.ValidationError:
+        where = misfit(pod, _Pod, "ExtenderArgs.Pod") or "its fields have other types"
+        raise BadArguments(f"ExtenderArgs.Pod is not a Pod as the API server holds it: {where}") \
             from None
     if names is None:
         if args.nodes is not None or args.old_nodes is not None:
@@ -136,8 +139,9 @@ def parse_binding(body: bytes) -> BindingArgs:
     """Read ExtenderBindingArgs; raise BadArguments naming a missing or wrong field."""
     try:
         sent = _decode_binding(body)
-    except msgspec.DecodeError as exc:
-        raise BadArguments(f"not ExtenderBindingArgs: {exc}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        raise BadArguments("not ExtenderBindingArgs: "
+                           f"{why_refused(body, _BindingArgs, 'ExtenderBindingArgs')}") from None
     args = BindingArgs(sent.pod_name or sent.old_pod_name,
                        sent.pod_namespace or sent.old_pod_namespace,
                        sent.pod_uid or sent.old_pod_uid, sent.node or sent.old_node)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import msgspec.inspect as mi
 
 _KEY_SHOWN = 60  # characters of a map key quoted in a path
@@ -29,6 +30,15 @@ def unreadable(data: bytes) -> str:
     except RecursionError:
         return "nested too deep to read"
     return "not JSON: it holds NaN, Infinity or a number out of range"
+
+
+def why_refused(data: bytes, typ: Any, name: str) -> str:
+    """Why a typed decoder refused ``data`` as ``typ`` (called ``name`` in the message)."""
+    try:
+        value = msgspec.json.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return f"it is {unreadable(data)}"
+    return misfit(value, typ, name) or f"it does not have the shape of {name}"
 
 
 def misfit(value: Any, typ: Any, path: str) -> str:

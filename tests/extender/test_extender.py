@@ -296,7 +296,7 @@ def test_whole_gpu_pods_get_unused_gpus_and_shared_pods_never_land_on_them(
 
 
 @pytest.mark.parametrize(("path", "body", "message"), [
-    ("/filter", b"{not json", "not ExtenderArgs: JSON is malformed"),
+    ("/filter", b"{not json", "not ExtenderArgs: it is not JSON: it goes wrong at character 1"),
     ("/filter", b'{"Nodes": null, "NodeNames": ["a"]}', "ExtenderArgs without a pod"),
     ("/filter", b'{"Pod": {"metadata": {}}, "NodeNames": ["a"]}',
      "ExtenderArgs.Pod has no metadata or spec object"),
@@ -311,12 +311,13 @@ def test_whole_gpu_pods_get_unused_gpus_and_shared_pods_never_land_on_them(
     ("/prioritize", b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": ["a", ""]}',
      "ExtenderArgs.NodeNames[1] is empty"),
     ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": 3}',
-     "Expected `array | null`, got `int` - at `$.NodeNames`"),
+     "ExtenderArgs.NodeNames is a number, where a list or null belongs"),
     ("/filter", b'{"Pod": {"metadata": {}, "spec": {}}, "NodeNames": [7]}',
-     "Expected `str`, got `int` - at `$.NodeNames[0]`"),
+     "ExtenderArgs.NodeNames[0] is a number, where a string belongs"),
     ("/bind", b'{"PodName": "p", "PodNamespace": "team", "PodUID": "u"}',
      "ExtenderBindingArgs.Node is empty"),
-    ("/bind", b'[]', "not ExtenderBindingArgs: Expected `object`, got `array`"),
+    ("/bind", b'[]', "not ExtenderBindingArgs: ExtenderBindingArgs is a list, where an object "
+                     "belongs"),
 ])
 def test_malformed_arguments_get_400_with_a_message(extender: RunningExtender, path: str,
                                                     body: bytes, message: str) -> None:

@@ -148,24 +148,30 @@ def _shaped(change: Any) -> dict[str, Any]:
     return pod
 
 
+_AT = "ExtenderArgs.Pod."
+_LIMIT = '["docker.com/vcuda-core"]'
 MALFORMED_PODS = {
     "containers a number": (lambda pod: pod["spec"].update(containers=5),
-                            "got `int` - at `$.spec.containers`"),
+                            f"{_AT}spec.containers is a number, where a list or null belongs"),
     "a container a string": (lambda pod: pod["spec"].update(containers=["share"]),
-                             "got `str` - at `$.spec.containers[0]`"),
+                             f"{_AT}spec.containers[0] is a string, where an object belongs"),
     "limits a list": (lambda pod: pod["spec"]["containers"][0]["resources"].update(limits=[1]),
-                      "got `array` - at `$.spec.containers[0].resources.limits`"),
+                      f"{_AT}spec.containers[0].resources.limits is a list, where an object or "
+                      "null belongs"),
     "a limit a number": (lambda pod: pod["spec"]["containers"][0]["resources"]["limits"].update(
         {"docker.com/vcuda-core": 10}),
-        "got `int` - at `$.spec.containers[0].resources.limits[...]`"),
+        f"{_AT}spec.containers[0].resources.limits{_LIMIT} is a number, where a string belongs"),
     "vcuda.io/limits a number": (lambda pod: pod["metadata"]["annotations"].update(
-        {"vcuda.io/limits": 5}), "got `int` - at `$.metadata.annotations[...]`"),
+        {"vcuda.io/limits": 5}),
+        f'{_AT}metadata.annotations["vcuda.io/limits"] is a number, where a string belongs'),
     "annotations a list": (lambda pod: pod["metadata"].update(annotations=[]),
-                           "got `array` - at `$.metadata.annotations`"),
+                           f"{_AT}metadata.annotations is a list, where an object or null "
+                           "belongs"),
     "a container's name an object": (lambda pod: pod["spec"]["containers"][0].update(
-        name={"a": 1}), "got `object` - at `$.spec.containers[0].name`"),
+        name={"a": 1}), f"{_AT}spec.containers[0].name is an object, where a string belongs"),
     "initContainers an object": (lambda pod: pod["spec"].update(initContainers={}),
-                                 "got `object` - at `$.spec.initContainers`"),
+                                 f"{_AT}spec.initContainers is an object, where a list or null "
+                                 "belongs"),
 }
 
 
