@@ -1,5 +1,5 @@
-"""The real one-node cluster of ``scripts/cluster``, up once for the session and down at its
-end; skipped only where this machine cannot hold it (not root, no Go to build Kubernetes)."""
+"""The real one-node cluster of ``scripts/cluster``, up once for these tests and down after
+them; skipped only where this machine cannot hold it (not root, no Go to build Kubernetes)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
-    """``scripts/cluster up``; ``down`` when the session ends, whatever happened."""
+    """``scripts/cluster up`` once for tests/cluster; ``down`` after its last test, whatever
+    happened, so that the rest of the suite runs on a machine without it."""
     reason = _missing()
     if reason:
         pytest.skip(reason)
