@@ -1,0 +1,33 @@
+"""The tests' handle on the cluster: kubectl with the admin kubeconfig (or another)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster ``scripts/cluster up`` started: its admin kubeconfig and its kubectl."""
+
+    kubeconfig: Path
+    kubectl_path: Path
+
+    def kubectl(self, *args: str, stdin: str | None = None,
+                timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        """kubectl ARGS as the cluster's admin; output captured, never raises on failure."""
+        return subprocess.run([str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig),
+                               *args], input=stdin, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+
+    def ok(self, *args: str, stdin: str | None = None, timeout: float = 180) -> str:
+        """kubectl ARGS that must succeed; its standard output."""
+        result = self.kubectl(*args, stdin=stdin, timeout=timeout)
+        assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
+        return result.stdout
+
+    def get(self, *args: str) -> dict:
+        """An object (or list) as JSON."""
+        return json.loads(self.ok("get", *args, "-o", "json"))
