@@ -20,7 +20,7 @@ from extender.nodes import NodeView, NodeWatch
 from extender.policy import STRATEGIES
 from extender.service import Extender, Outcome
 from extender.wire import BadArguments
-from runtime_hook.contract import positive_seconds
+from runtime_hook.contract import positive_seconds, version_flag
 from webhook.config import Config, ConfigError
 from webhook.kube import Credentials, Kube, KubeError
 from webhook.logs import make_logger
@@ -142,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
                     "nodeCacheCapable: true: it watches the Nodes labelled "
                     "vcuda.io/enabled=true itself) and GET /healthz, /readyz (once the nodes "
                     "are listed) and /metrics (Prometheus). Logs JSON lines on stdout.")
+    version_flag(parser)
     parser.add_argument("--host", default=None, help="address to listen on (default: all)")
     parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,
                         help=f"port to listen on (default: {DEFAULT_PORT})")

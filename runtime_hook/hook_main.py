@@ -22,6 +22,11 @@ def main(args: list[str], state: bytes) -> int:
     if any(arg in ("-h", "--help") for arg in args):
         sys.stdout.write(help_text())
         return 0
+    if "--version" in args:
+        from runtime_hook.contract import VERSION  # the node's copy has no package metadata
+
+        sys.stdout.write(f"vcuda-hook {VERSION}\n")
+        return 0
     try:
         flags = parse_args(args)
     except UsageError as exc:

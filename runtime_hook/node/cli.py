@@ -18,6 +18,7 @@ from runtime_hook.contract import (
     check_domains,
     memory_scaling,
     number_flag,
+    version_flag,
 )
 from runtime_hook.hook_cli import DEFAULT_LIBRARY, DEFAULT_STATE_DIR
 from runtime_hook.node import cdi_files
@@ -100,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vcuda-node", description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     restart: dict[str, Any] = {"action": argparse.BooleanOptionalAction, "default": True,
