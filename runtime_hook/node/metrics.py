@@ -1,5 +1,5 @@
 """The agent's Prometheus endpoint: gauges of each container, each GPU and (with ``--dra``) the
-claims of each GPU, built at every scrape."""
+claims of each GPU, built at every scrape, and the release it runs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from runtime_hook.contract import VERSION
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.node.observe import Observer, Snapshot
 
@@ -124,6 +125,14 @@ def _claim_families(snapshot: Snapshot, node: str, claims: ClaimStats) -> list[M
     return [prepared, failed]
 
 
+def _build_info() -> GaugeMetricFamily:
+    # As the webhook's and the extender's (webhook.metrics, which the agent does not import).
+    family = GaugeMetricFamily("vcuda_build_info", "The vcuda release this process runs",
+                               labels=["version"])
+    family.add_metric([VERSION], 1)
+    return family
+
+
 class NodeCollector(Collector):
     """Takes a snapshot at each scrape; one scrape at a time. ``claims`` reads the DRA
     plugin's claims (None: the agent runs without ``--dra``)."""
@@ -151,6 +160,7 @@ class NodeCollector(Collector):
                 self._problems.counts["agent"] += 1
                 snapshot = Snapshot([], [])
             yield from families(snapshot, self._node, self._problems.counts, claims)
+            yield _build_info()
 
 
 def serve(

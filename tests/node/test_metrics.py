@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.contract import Limits
+from runtime_hook.contract import VERSION, Limits
 from runtime_hook.node.logs import Problems, setup
 from runtime_hook.node.nvml import Nvml
 from runtime_hook.node.observe import Observer
@@ -310,3 +310,7 @@ def test_an_agent_in_a_pid_namespace_of_its_own_maps_processes_through_the_hosts
     [[name, used, core, processes, driver]] = json.loads(observed.stdout)
     assert (name, used, processes, driver) == ("worker", GIB, 1, GIB + 300 * MIB)
     assert core == pytest.approx(0.2)  # the busy processes of the account
+
+
+def test_the_release_is_a_build_info_gauge_at_one(agent: Agent) -> None:
+    assert agent.scrape()["vcuda_build_info"] == {labels(version=VERSION): 1}
