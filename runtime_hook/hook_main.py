@@ -51,6 +51,8 @@ def main(args: list[str], state: bytes) -> int:
         )
         line = error.line()
         log.error(line)
+        if flags.stage == "prestart":
+            StateDir(flags.state_dir).count_refusal()
         sys.stderr.write(line + "\n")
         return 1
     return 0

@@ -53,7 +53,8 @@ metrics (http://ADDRESS:PORT/metrics), labels namespace, pod, container, node, g
   vcuda_container_processes, vcuda_container_memory_driver_bytes,
   vcuda_container_unaccounted_processes; per GPU (node, gpu, uuid): vcuda_gpu_memory_total_bytes,
   vcuda_gpu_memory_used_bytes, vcuda_gpu_memory_limit_bytes, vcuda_gpu_core_used_ratio,
-  vcuda_gpu_core_limit_ratio, vcuda_gpu_containers; vcuda_node_collect_errors_total;
+  vcuda_gpu_core_limit_ratio, vcuda_gpu_containers; vcuda_node_collect_errors_total,
+  vcuda_node_refused_starts_total (node);
   with --dra, vcuda_dra_prepared_claims per GPU and vcuda_dra_claim_failures_total (node, call);
   vcuda_build_info (version).
 

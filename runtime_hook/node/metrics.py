@@ -99,7 +99,14 @@ def families(snapshot: Snapshot, node: str, errors: Counter[str],
     )
     for source, count in sorted(errors.items()):
         failures.add_metric([source], count)
-    found = [*per_container.values(), *per_gpu.values(), failures]
+    refused = CounterMetricFamily(
+        "vcuda_node_refused_starts",
+        "Container starts the hook refused on this node since its state dir was made (on /run: "
+        "since boot); the reasons are in the pods' events and the hook's log.",
+        labels=["node"])
+    if snapshot.refused_starts is not None:
+        refused.add_metric([node], snapshot.refused_starts)
+    found = [*per_container.values(), *per_gpu.values(), failures, refused]
     return found if claims is None else [*found, *_claim_families(snapshot, node, claims)]
 
 

@@ -44,10 +44,12 @@ class Usage(NamedTuple):
 
 
 class Snapshot(NamedTuple):
-    """The GPUs NVML reads (``GpuState`` list) and the ``Usage`` of every workload."""
+    """The GPUs NVML reads (``GpuState`` list), the ``Usage`` of every workload, and the starts
+    the hook refused on the node (None: unreadable)."""
 
     gpus: list[GpuState]
     usages: list[Usage]
+    refused_starts: int | None = None
 
 
 class Observer:
@@ -95,8 +97,9 @@ class Observer:
             # vcuda-run command), only the processes of its account are.
             own = namespace is not None and namespace != host_namespace
             usages += self._usages(workload, live, utilization, held if own else None)
+        refused = workloads.refused_starts(self._host_root, self._state_dir, problems)
         problems.cycle_done()
-        return Snapshot(gpus, usages)
+        return Snapshot(gpus, usages, refused)
 
     def _usages(
         self,
