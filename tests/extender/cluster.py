@@ -233,14 +233,15 @@ class ExtenderProcess(ExtenderClient):
     against the API server of ``kubeconfig``; its log lines go to ``log_file``."""
 
     def __init__(self, kubeconfig: Path, log_file: Path, strategy: str = "binpack",
-                 max_age: float = 120.0, timeout: float = 60.0) -> None:
+                 max_age: float = 120.0, timeout: float = 60.0,
+                 flags: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.port = free_port()
         with log_file.open("ab") as log:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "extender.server", "--host", "127.0.0.1", "--port",
                  str(self.port), "--kubeconfig", str(kubeconfig), "--strategy", strategy,
-                 "--max-age", str(max_age)],
+                 "--max-age", str(max_age), *flags],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         deadline = time.monotonic() + timeout
         while not self._ready():
