@@ -201,6 +201,10 @@ class RunningExtender(ExtenderClient):
         self._server = ExtenderServer(self.extender, NodeWatch(self._kube, self.nodes, log), log)
         return await self._server.start("127.0.0.1", 0)
 
+    def start_metrics(self) -> int:
+        """Open the metrics port (``--metrics-port``) on a free port of 127.0.0.1; return it."""
+        return int(self.call(self._server.start_metrics("127.0.0.1", 0)))
+
     def sync(self, api: FakeClusterApi, timeout: float = 10.0) -> None:
         """Wait until the extender's view of the nodes shows the vcuda nodes as the API holds
         them now (its watch is asynchronous, as kube-scheduler's informers are)."""
