@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import importlib.metadata
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,37 @@ def test_the_hook_as_nodes_get_it_prints_the_release(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL,
         env={"PATH": "/usr/bin:/bin"})
     assert (result.returncode, result.stdout) == (0, f"vcuda-hook {VERSION}\n")
+
+
+def _checkout(tmp_path: Path) -> Path:
+    """A repository holding the script and the contract, one commit."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "runtime_hook").mkdir()
+    shutil.copy(REPO / "scripts" / "image-tag", tmp_path / "scripts")
+    shutil.copy(REPO / "runtime_hook" / "contract.py", tmp_path / "runtime_hook")
+    for command in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t",
+                                                   "commit", "-qm", "one"]):
+        subprocess.run(["git", "-C", str(tmp_path), *command], check=True, timeout=30)
+    return tmp_path
+
+
+def _image_tag(checkout: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(checkout / "scripts" / "image-tag")], capture_output=True,
+                          text=True, timeout=30, check=False)
+
+
+def test_the_image_tag_is_the_release_and_the_commit(tmp_path: Path) -> None:
+    checkout = _checkout(tmp_path)
+    commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    result = _image_tag(checkout)
+    assert (result.returncode, result.stdout) == (0, f"{VERSION}-{commit[:12]}\n")
+
+
+def test_a_tree_with_uncommitted_changes_gets_no_image_tag(tmp_path: Path) -> None:
+    checkout = _checkout(tmp_path)
+    with (checkout / "runtime_hook" / "contract.py").open("a") as contract:
+        contract.write("# changed\n")
+    result = _image_tag(checkout)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert "image-tag: the tree has uncommitted changes" in result.stderr
