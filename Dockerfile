@@ -3,7 +3,7 @@
 # (vcuda-scheduler-extender), the node agent and installer (vcuda-node), and
 # libvcuda.so, which the installer copies onto each GPU node.
 #
-#   docker build -t REGISTRY/vcuda:0.1.0 .      # or podman / buildah
+#   docker build -t "REGISTRY/vcuda:$(scripts/image-tag)" .   # or podman / buildah
 #
 # Debian 12's python3 in a virtual environment (/opt/vcuda), on
 # debian:bookworm-slim. BASE may name another Debian 12 root: tests/image

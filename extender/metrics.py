@@ -1,6 +1,6 @@
 """Prometheus metrics of the extender: calls by verb and outcome, their latency, bind conflicts
 redone, and nodes left out because they are not vcuda nodes or their vcuda inventory is
-missing, unreadable or stale."""
+missing, unreadable or stale; and the release, as the webhook's."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from prometheus_client.metrics_core import (
 )
 
 from extender.policy import NODE_CAUSES
-from webhook.metrics import Latency
+from webhook.metrics import Latency, build_info
 
 VERBS = ("filter", "prioritize", "bind")
 # ok: answered; refused: a bind that could not be done (the scheduler retries the pod);
@@ -51,6 +51,7 @@ class Metrics:
 
     def collect(self) -> Iterator[Metric]:
         """The metric families, for the registry."""
+        yield build_info()
         yield _counter("vcuda_extender_requests", "Extender calls answered, by verb and outcome",
                        ["verb", "outcome"], self._calls)
         latency = HistogramMetricFamily("vcuda_extender_request_seconds",

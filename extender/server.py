@@ -20,7 +20,7 @@ from extender.nodes import NodeView, NodeWatch
 from extender.policy import STRATEGIES
 from extender.service import Extender, Outcome
 from extender.wire import BadArguments
-from runtime_hook.contract import positive_seconds
+from runtime_hook.contract import positive_seconds, version_flag
 from webhook.config import Config, ConfigError
 from webhook.kube import Credentials, Kube, KubeError
 from webhook.logs import make_logger
@@ -36,6 +36,8 @@ MAX_BODY = 8 << 20  # a Pod (etcd keeps at most 1.5 MiB) and the names of thousa
 # scheduler's rate times that, a couple of thousand at most. Past the cap a new connection is
 # closed at once, and its bind fails.
 MAX_CONNECTIONS = 4096
+# The metrics port serves Prometheus' few scrapers: bodies are never read there.
+_METRICS_GUARDS = Guards(max_connections=64, max_buffered=1 << 16)
 
 
 class ExtenderServer:
@@ -56,6 +58,7 @@ class ExtenderServer:
                         self._prioritize, ("POST", "/bind"): self._bind,
                         ("GET", "/healthz"): self._ok, ("GET", "/readyz"): self._ready,
                         ("GET", "/metrics"): self._metrics_text}
+        self._metrics_serving = Serving(self._metrics_only, 0, guards=_METRICS_GUARDS, log=log)
 
     async def start(self, host: str | None, port: int) -> int:
         """Watch the nodes, and listen on ``host`` (None: all addresses) and ``port`` (0: any);
@@ -63,9 +66,16 @@ class ExtenderServer:
         self._watching = asyncio.create_task(self._watch.run())
         return await self._serving.start(host, port)
 
+    async def start_metrics(self, host: str | None, port: int) -> int:
+        """Also serve GET /metrics and /healthz, and nothing else, over plain HTTP on ``host``
+        and ``port`` (0: any): for Prometheus, while the scheduler's port stays on loopback,
+        where no one else may call bind. Return the port."""
+        return await self._metrics_serving.start(host, port)
+
     async def stop(self) -> None:
         """Stop listening once requests in progress are answered (10 s at most), then stop
         watching."""
+        await self._metrics_serving.stop()
         await self._serving.stop()
         if self._watching is not None:
             self._watching.cancel()
@@ -80,6 +90,12 @@ class ExtenderServer:
         return web.Response(status=404, text="not found: this server answers POST /filter, "
                                              "/prioritize, /bind and GET /healthz, /readyz "
                                              "and /metrics\n")
+
+    async def _metrics_only(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.method == "GET" and request.path in ("/metrics", "/healthz"):
+            return await self._routes["GET", request.path](request)
+        return web.Response(status=404, text="not found: this port answers GET /metrics and "
+                                             "/healthz only; the extender's verbs are on --port\n")
 
     async def _filter(self, request: web.BaseRequest) -> web.Response:
         return await self._answer(request, "filter", self._extender.filter)
@@ -142,9 +158,16 @@ def _parser() -> argparse.ArgumentParser:
                     "nodeCacheCapable: true: it watches the Nodes labelled "
                     "vcuda.io/enabled=true itself) and GET /healthz, /readyz (once the nodes "
                     "are listed) and /metrics (Prometheus). Logs JSON lines on stdout.")
+    version_flag(parser)
     parser.add_argument("--host", default=None, help="address to listen on (default: all)")
     parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,
                         help=f"port to listen on (default: {DEFAULT_PORT})")
+    parser.add_argument("--metrics-port", type=tcp_port, metavar="PORT",
+                        help="also serve GET /metrics (and /healthz) alone, over plain HTTP, on "
+                             "this port, for Prometheus (default: no such port; /metrics is "
+                             "served on --port too)")
+    parser.add_argument("--metrics-host", default=None,
+                        help="address of --metrics-port (default: all)")
     parser.add_argument("--strategy", choices=STRATEGIES, default="binpack",
                         help="binpack: fill the fullest GPU and node that fit (default); "
                              "spread: the emptiest")
@@ -207,7 +230,10 @@ async def _serve(credentials: Credentials, core_keys: tuple[str, ...], args: arg
     for signal_number in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signal_number, stop.set)
     port = await server.start(args.host, args.port)
-    log.info("serving", port=port, https=certificates is not None, strategy=args.strategy,
+    metrics_port = None if args.metrics_port is None else \
+        await server.start_metrics(args.metrics_host, args.metrics_port)
+    log.info("serving", port=port, metrics_port=metrics_port, https=certificates is not None,
+             strategy=args.strategy,
              loop=type(loop).__module__.partition(".")[0],
              max_age=args.max_age, api=credentials.url)
     await stop.wait()

@@ -8,6 +8,7 @@ only and cheap to import: the OCI hook loads it on every limited container
 start, so nothing here imports ``json``, ``re``, ``typing`` or ``collections``
 at module level.
 
+- The release, :data:`VERSION`, which every component reports.
 - Resources: ``<domain>/vcuda-core`` (percent of one GPU; 1..99 shares one GPU,
   100·k is k whole GPUs) and ``<domain>/vcuda-memory`` (units of 256 MiB).
 - The limits annotation ``vcuda.io/limits`` (webhook → hook), on the pod::
@@ -62,7 +63,14 @@ from runtime_hook.record import Record
 
 TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up cost)
 if TYPE_CHECKING:
+    from argparse import ArgumentParser
     from collections.abc import Callable, Mapping
+
+
+# The release, in one place: setup.cfg's metadata takes it from here (``attr:``), and every
+# ``--version`` and the ``vcuda_build_info`` metric print it, the hook's copy on a node too,
+# which has no package metadata to read.
+VERSION = "0.2.0"
 
 
 class ContractError(VcudaError, ValueError):
@@ -147,6 +155,12 @@ def number_flag(
 
 
 positive_seconds = number_flag("seconds")
+
+
+def version_flag(parser: ArgumentParser) -> None:
+    """Give ``parser`` the ``--version`` of every vcuda command: it prints ``<prog> VERSION``."""
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}",
+                        help="print vcuda's version and exit")
 
 
 def count_flag(text: str) -> int:

@@ -22,7 +22,8 @@ DEFAULT_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
 STAGES = ("prestart", "poststop")
 LOCK_TIMEOUT = 5.0  # seconds; the manifests give the hook 10
 
-USAGE = "usage: vcuda-hook {prestart,poststop} [--OPTION VALUE ...]  (--help explains)"
+USAGE = ("usage: vcuda-hook {prestart,poststop} [--OPTION VALUE ...]  (--help explains; "
+         "--version prints vcuda's)")
 _ABOUT = """\
 OCI hook of vcuda, run by the container runtime (runc, crun) with the OCI
 state on stdin. prestart: for a container that has an entry in the pod

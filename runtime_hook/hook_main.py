@@ -22,6 +22,11 @@ def main(args: list[str], state: bytes) -> int:
     if any(arg in ("-h", "--help") for arg in args):
         sys.stdout.write(help_text())
         return 0
+    if "--version" in args:
+        from runtime_hook.contract import VERSION  # the node's copy has no package metadata
+
+        sys.stdout.write(f"vcuda-hook {VERSION}\n")
+        return 0
     try:
         flags = parse_args(args)
     except UsageError as exc:
@@ -46,6 +51,8 @@ def main(args: list[str], state: bytes) -> int:
         )
         line = error.line()
         log.error(line)
+        if flags.stage == "prestart":
+            StateDir(flags.state_dir).count_refusal()
         sys.stderr.write(line + "\n")
         return 1
     return 0

@@ -6,6 +6,8 @@
         entry.json                 what it committed (ledger.py)
         limits, ld.so.preload      the files bind-mounted read-only into it
         account/                   a small tmpfs shared read-write with it at /run/vcuda
+    <state>/refused-starts         a byte appended at each start the hook refused: its size
+                                   counts them for the node agent's metrics
 
 A container is gone when the process in ``owner`` has exited, or its pid now
 belongs to a process with another start time (pid reuse). A record whose
@@ -30,6 +32,7 @@ OWNER_FILE = "owner"
 LIMITS_FILE = "limits"
 PRELOAD_FILE = "ld.so.preload"
 ACCOUNT_DIR = "account"
+REFUSALS_FILE = "refused-starts"
 CLAIM_OWNER_PID = 0  # owner of a DRA claim's record: no process, released by unprepare
 
 _LOCK_POLL = 0.01
@@ -91,6 +94,30 @@ class StateDir:
     def __init__(self, path: str) -> None:
         self.path = path
         self.containers = os.path.join(path, "containers")
+        self.refusals = os.path.join(path, REFUSALS_FILE)
+
+    def count_refusal(self) -> None:
+        """Count one refused start; a failure to count is let go (the refusal stands)."""
+        try:
+            os.makedirs(self.path, mode=0o755, exist_ok=True)
+            # O_APPEND: hooks that refuse at once each add their byte, with no lock.
+            fd = os.open(self.refusals, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                         | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return
+        try:
+            os.write(fd, b".")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def refused_starts(self) -> int:
+        """How many starts the hook has refused since the state dir was made (0: none)."""
+        try:
+            return os.stat(self.refusals).st_size
+        except FileNotFoundError:
+            return 0
 
     def container_dir(self, container_id: str) -> str:
         """The directory of ``container_id``'s record and files."""

@@ -20,6 +20,7 @@ from runtime_hook.contract import (
     Limits,
     LimitsFormatError,
     render_limits,
+    version_flag,
 )
 from runtime_hook.hook_cli import DEFAULT_LIBRARY
 from runtime_hook.hook_errors import UsageError
@@ -185,6 +186,7 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    version_flag(parser)
     parser.add_argument("--memory", required=True, metavar="SIZE", help="GPU memory for CMD")
     parser.add_argument(
         "--cores",

@@ -1,5 +1,5 @@
 """Prometheus metrics of the webhook: reviews by decision, latency, certificate expiry, guards,
-and the bound on vcuda-memory in force."""
+the bound on vcuda-memory in force, and the release (also the extender's)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,19 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from runtime_hook.contract import VERSION
 from webhook.admission import OUTCOMES
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BOUNDS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+def build_info() -> GaugeMetricFamily:
+    """``vcuda_build_info{version}`` at 1: which release answers, for dashboards and upgrades."""
+    family = GaugeMetricFamily("vcuda_build_info", "The vcuda release this process runs",
+                               labels=["version"])
+    family.add_metric([VERSION], 1)
+    return family
 
 
 class Latency:
@@ -72,6 +81,7 @@ class Metrics:
 
     def collect(self) -> Iterator[Metric]:
         """The metric families, for the registry."""
+        yield build_info()
         reviews = CounterMetricFamily("vcuda_webhook_reviews",
                                       "AdmissionReviews answered, by decision",
                                       labels=["decision"])

@@ -19,7 +19,7 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
-from runtime_hook.contract import count_flag, in_cluster, positive_seconds
+from runtime_hook.contract import count_flag, in_cluster, positive_seconds, version_flag
 from webhook.admission import Answer, admit, refuse
 from webhook.config import Config, ConfigError, load_config
 from webhook.kube import Credentials, Kube, KubeError
@@ -182,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
                     "vcuda.io/limits annotation and the vcuda runtime class. Serves POST "
                     "/mutate (AdmissionReview v1), GET /healthz, /readyz and /metrics over "
                     "HTTPS. Logs one JSON line per review on standard output.")
+    version_flag(parser)
     parser.add_argument("--host", default=None,
                         help="address to listen on (default: all addresses)")
     parser.add_argument("--port", type=tcp_port, default=DEFAULT_PORT,

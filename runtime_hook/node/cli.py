@@ -18,6 +18,7 @@ from runtime_hook.contract import (
     check_domains,
     memory_scaling,
     number_flag,
+    version_flag,
 )
 from runtime_hook.hook_cli import DEFAULT_LIBRARY, DEFAULT_STATE_DIR
 from runtime_hook.node import cdi_files
@@ -52,8 +53,10 @@ metrics (http://ADDRESS:PORT/metrics), labels namespace, pod, container, node, g
   vcuda_container_processes, vcuda_container_memory_driver_bytes,
   vcuda_container_unaccounted_processes; per GPU (node, gpu, uuid): vcuda_gpu_memory_total_bytes,
   vcuda_gpu_memory_used_bytes, vcuda_gpu_memory_limit_bytes, vcuda_gpu_core_used_ratio,
-  vcuda_gpu_core_limit_ratio, vcuda_gpu_containers; vcuda_node_collect_errors_total;
-  with --dra, vcuda_dra_prepared_claims per GPU and vcuda_dra_claim_failures_total (node, call).
+  vcuda_gpu_core_limit_ratio, vcuda_gpu_containers; vcuda_node_collect_errors_total,
+  vcuda_node_refused_starts_total (node);
+  with --dra, vcuda_dra_prepared_claims per GPU and vcuda_dra_claim_failures_total (node, call);
+  vcuda_build_info (version).
 
 example, on a GPU machine without Kubernetes (commands started by vcuda-run):
   vcuda-node run --no-advertise --vcuda-run-dir /tmp --port 9400
@@ -100,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vcuda-node", description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     restart: dict[str, Any] = {"action": argparse.BooleanOptionalAction, "default": True,

@@ -1,5 +1,5 @@
 """The agent's Prometheus endpoint: gauges of each container, each GPU and (with ``--dra``) the
-claims of each GPU, built at every scrape."""
+claims of each GPU, built at every scrape, and the release it runs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from runtime_hook.contract import VERSION
 from runtime_hook.node import http_serving
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.node.observe import Observer, Snapshot
@@ -102,7 +103,14 @@ def families(snapshot: Snapshot, node: str, errors: Counter[str],
     )
     for source, count in sorted(errors.items()):
         failures.add_metric([source], count)
-    found = [*per_container.values(), *per_gpu.values(), failures]
+    refused = CounterMetricFamily(
+        "vcuda_node_refused_starts",
+        "Container starts the hook refused on this node since its state dir was made (on /run: "
+        "since boot); the reasons are in the pods' events and the hook's log.",
+        labels=["node"])
+    if snapshot.refused_starts is not None:
+        refused.add_metric([node], snapshot.refused_starts)
+    found = [*per_container.values(), *per_gpu.values(), failures, refused]
     return found if claims is None else [*found, *_claim_families(snapshot, node, claims)]
 
 
@@ -126,6 +134,14 @@ def _claim_families(snapshot: Snapshot, node: str, claims: ClaimStats) -> list[M
     for call, count in claims.failed.items():
         failed.add_metric([node, call], count)
     return [prepared, failed]
+
+
+def _build_info() -> GaugeMetricFamily:
+    # As the webhook's and the extender's (webhook.metrics, which the agent does not import).
+    family = GaugeMetricFamily("vcuda_build_info", "The vcuda release this process runs",
+                               labels=["version"])
+    family.add_metric([VERSION], 1)
+    return family
 
 
 class NodeCollector(Collector):
@@ -155,6 +171,7 @@ class NodeCollector(Collector):
                 self._problems.counts["agent"] += 1
                 snapshot = Snapshot([], [])
             yield from families(snapshot, self._node, self._problems.counts, claims)
+            yield _build_info()
 
 
 def serve(collector: NodeCollector, address: str, port: int,

@@ -52,10 +52,12 @@ class Usage(NamedTuple):
 
 
 class Snapshot(NamedTuple):
-    """The GPUs NVML reads (``GpuState`` list) and the ``Usage`` of every workload."""
+    """The GPUs NVML reads (``GpuState`` list), the ``Usage`` of every workload, and the starts
+    the hook refused on the node (None: unreadable)."""
 
     gpus: list[GpuState]
     usages: list[Usage]
+    refused_starts: int | None = None
 
 
 class Observer:
@@ -104,8 +106,9 @@ class Observer:
             # vcuda-run command), only the processes of its account are.
             own = namespace is not None and namespace != host_namespace
             usages += self._usages(workload, known, live, utilization, held if own else None)
+        refused = workloads.refused_starts(self._host_root, self._state_dir, problems)
         problems.cycle_done()
-        return Snapshot(gpus, usages)
+        return Snapshot(gpus, usages, refused)
 
     def _known(self, gpus: list[GpuState]) -> dict[str, str]:
         """The node's GPU and MIG UUIDs (NVML's now and before, the inventory's), by lower

@@ -129,6 +129,17 @@ def _command(host_root: str, path: str, proc: str) -> Workload | None:
     )
 
 
+def refused_starts(host_root: str, state_dir: str, problems: Problems) -> int | None:
+    """How many starts the hook refused on this node, as its state dir counts them (None:
+    unreadable, reported to ``problems``)."""
+    state = StateDir(_on_host(host_root, state_dir))
+    try:
+        return state.refused_starts()
+    except OSError as exc:
+        problems.report("ledger", state.refusals, f"unreadable: {exc.strerror}")
+        return None
+
+
 def _on_host(host_root: str, path: str) -> str:
     """``path`` of the host, as this process sees it under ``host_root``."""
     return host_path(host_root, path)

@@ -201,6 +201,10 @@ class RunningExtender(ExtenderClient):
         self._server = ExtenderServer(self.extender, NodeWatch(self._kube, self.nodes, log), log)
         return await self._server.start("127.0.0.1", 0)
 
+    def start_metrics(self) -> int:
+        """Open the metrics port (``--metrics-port``) on a free port of 127.0.0.1; return it."""
+        return int(self.call(self._server.start_metrics("127.0.0.1", 0)))
+
     def sync(self, api: FakeClusterApi, timeout: float = 10.0) -> None:
         """Wait until the extender's view of the nodes shows the vcuda nodes as the API holds
         them now (its watch is asynchronous, as kube-scheduler's informers are)."""
@@ -233,14 +237,15 @@ class ExtenderProcess(ExtenderClient):
     against the API server of ``kubeconfig``; its log lines go to ``log_file``."""
 
     def __init__(self, kubeconfig: Path, log_file: Path, strategy: str = "binpack",
-                 max_age: float = 120.0, timeout: float = 60.0) -> None:
+                 max_age: float = 120.0, timeout: float = 60.0,
+                 flags: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.port = free_port()
         with log_file.open("ab") as log:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "extender.server", "--host", "127.0.0.1", "--port",
                  str(self.port), "--kubeconfig", str(kubeconfig), "--strategy", strategy,
-                 "--max-age", str(max_age)],
+                 "--max-age", str(max_age), *flags],
                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         deadline = time.monotonic() + timeout
         while not self._ready():

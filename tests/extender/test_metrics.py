@@ -8,6 +8,7 @@ import http.client
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from runtime_hook.contract import VERSION
 from tests.extender.cluster import (
     GIB,
     NOW,
@@ -108,3 +109,7 @@ def test_bind_conflicts_redone_are_counted_by_the_write_that_met_them(
     assert found[("vcuda_extender_bind_conflicts_total", (("write", "ledger"),))] == 1
     assert found[("vcuda_extender_bind_conflicts_total", (("write", "binding"),))] == 1
     assert calls(found, "bind", "ok") == 1
+
+
+def test_the_release_is_a_build_info_gauge_at_one(extender: RunningExtender) -> None:
+    assert scrape(extender)[("vcuda_build_info", (("version", VERSION),))] == 1

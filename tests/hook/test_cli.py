@@ -122,7 +122,28 @@ def test_missing_library_fails_the_start_with_the_fix(hook: HookSetup, tmp_path:
     state = _state(tmp_path, limits_annotation(train=(30, GIB)))
     line = _one_error_line(_hook(["prestart", *_flags(hook)], state))
     assert f"the vcuda library {hook.library} is missing on this node" in line
-    assert list((hook.state_dir).iterdir()) == []  # refused before anything was committed
+    assert not (hook.state_dir / "containers").exists()  # refused before anything was committed
+
+
+def test_each_refused_start_is_counted_for_the_node_agent(hook: HookSetup, tmp_path: Path) -> None:
+    hook.library.unlink()
+    state = _state(tmp_path, limits_annotation(train=(30, GIB)))
+    for _ in range(3):
+        _one_error_line(_hook(["prestart", *_flags(hook)], state))
+    assert StateDir(str(hook.state_dir)).refused_starts() == 3
+    _hook(["poststop", *hook.args("poststop")[5:]], state)  # a stop is no refused start
+    _hook(["prestart", "--log-level", "loud"], state)  # nor a command line the parser refuses
+    assert StateDir(str(hook.state_dir)).refused_starts() == 3
+
+
+def test_a_refusal_that_cannot_be_counted_still_refuses_with_one_line(
+    hook: HookSetup, tmp_path: Path
+) -> None:
+    hook.library.unlink()
+    (hook.state_dir / "refused-starts").mkdir()  # the count cannot be opened for writing
+    state = _state(tmp_path, limits_annotation(train=(30, GIB)))
+    line = _one_error_line(_hook(["prestart", *_flags(hook)], state))
+    assert f"the vcuda library {hook.library} is missing on this node" in line
 
 
 def test_a_refusal_logged_to_a_full_disk_is_still_one_line(hook: HookSetup, tmp_path: Path) -> None:

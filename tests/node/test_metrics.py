@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from runtime_hook.contract import VERSION
 from runtime_hook.node.logs import Problems, setup
 from runtime_hook.node.nvml import Nvml
 from runtime_hook.node.observe import Observer
-from runtime_hook.node_state import process_start_time
+from runtime_hook.node_state import StateDir, process_start_time
 from tests.node.accounts import SIZE, write_account
 from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
 from tests.node.workloads_on_host import (
@@ -401,3 +402,14 @@ def test_a_forged_vcuda_run_directory_cannot_take_over_another_commands_account(
         f"process {own.pid} was not started with $VCUDA_LIMITS_FILE naming its limits file")
     assert reasons[str(agent.run_dir / "vcuda-run-!e")] == (
         "mode 0755: vcuda-run makes its directories 0700")
+
+
+def test_the_release_is_a_build_info_gauge_at_one(agent: Agent) -> None:
+    assert agent.scrape()["vcuda_build_info"] == {labels(version=VERSION): 1}
+
+
+def test_the_starts_the_hook_refused_on_the_node_are_counted(agent: Agent) -> None:
+    assert agent.scrape()["vcuda_node_refused_starts_total"] == {labels(node=NODE): 0}
+    for _ in range(2):
+        StateDir(str(agent.state)).count_refusal()  # as the hook does at each refusal
+    assert agent.scrape()["vcuda_node_refused_starts_total"] == {labels(node=NODE): 2}

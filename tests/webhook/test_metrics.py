@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from runtime_hook.contract import VERSION
 from webhook.metrics import Metrics
 
 
@@ -39,3 +40,10 @@ def test_a_latency_on_a_bucket_bound_counts_in_that_bucket() -> None:
     found = samples(metrics)
     assert found[("vcuda_webhook_review_seconds_bucket", (("le", "0.0005"),))] == 0
     assert found[("vcuda_webhook_review_seconds_bucket", (("le", "0.001"),))] == 1
+
+
+def test_the_release_is_a_build_info_gauge_at_one() -> None:
+    found = samples(Metrics(lambda: 0.0))
+    assert found[("vcuda_build_info", (("version", VERSION),))] == 1
+    assert [key for key in found if key[0] == "vcuda_build_info"] == \
+        [("vcuda_build_info", (("version", VERSION),))]

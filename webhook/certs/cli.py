@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from runtime_hook.contract import CredentialsError, api_client
+from runtime_hook.contract import CredentialsError, api_client, version_flag
 from webhook.certs.act import Clock, Issuing
 from webhook.certs.cluster import Cluster, ClusterError, DryRun, Target
 from webhook.certs.plan import Policy
@@ -91,6 +91,7 @@ class _NoSleep:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vcuda-certs", description=_DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ensure = commands.add_parser("ensure", help="create or repair the certificates",
                                  description="Create or repair the webhook's certificates.")
