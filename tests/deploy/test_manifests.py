@@ -457,6 +457,16 @@ def test_the_node_uninstall_runs_with_the_installs_privileges_and_mounts() -> No
     assert done["securityContext"]["runAsNonRoot"] is True
 
 
+def test_the_node_uninstall_cleans_its_own_node_as_the_node_agent() -> None:
+    """The agent's account may change its own Node (node-policy.yaml); uninstall names it."""
+    spec = _uninstall()["spec"]["template"]["spec"]
+    [uninstall] = spec["initContainers"]
+    assert spec["serviceAccountName"] == "vcuda-node"
+    assert spec.get("automountServiceAccountToken", True) is True
+    [node_name] = [e for e in uninstall["env"] if e["name"] == "NODE_NAME"]
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
 def test_the_node_uninstall_runs_only_where_asked_and_never_beside_the_install() -> None:
     uninstall = _uninstall()["spec"]["template"]["spec"]["nodeSelector"]
     install = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]["nodeSelector"]
