@@ -34,7 +34,8 @@ OTHERS = {"node.alpha.kubernetes.io/ttl": "0", "example.com/vcuda-note": "kept"}
 def api(tmp_path: Path) -> Iterator[FakeNodesApi]:
     server = FakeNodesApi()
     server.start(tmp_path)
-    server.rules = rules_from_manifests(documents(MANIFESTS / "node-rbac.yaml"), NODE_AGENT)
+    server.rules = rules_from_manifests(
+        documents(MANIFESTS / "base" / "node-rbac.yaml"), NODE_AGENT)
     server.add_node(NODE, KUBELETS | ADVERTISED, annotations=VCUDA_ANNOTATIONS | OTHERS)
     yield server
     server.stop()
@@ -82,7 +83,7 @@ def test_uninstall_says_what_the_node_agents_rbac_lacks(
     assert _uninstall(api, tmp_path, "--node-name", NODE) == 1
     error = capsys.readouterr().err
     assert "not allowed to patch nodes/status 'gpu-node-1'" in error
-    assert "manifests/node-rbac.yaml" in error
+    assert "manifests/base/node-rbac.yaml" in error
 
 
 def test_a_status_changed_since_it_was_read_fails_the_removal_instead_of_losing_a_write() -> None:
