@@ -70,7 +70,7 @@ def test_every_path_renders_valid_objects_for_every_supported_version(path: str,
         kubernetes_validate.validate(obj, version, strict=True)
 
 
-# --- one source: the chart installs what kustomize builds ------------------------------------------
+# --- one source: the chart installs what kustomize builds ------------------------------------
 
 @needs_kubectl
 def test_the_charts_files_are_what_the_kustomize_manifests_build_now() -> None:
@@ -160,7 +160,7 @@ def test_the_network_policy_is_off_by_default_and_takes_the_peers_given() -> Non
     assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "192.0.2.10/32"}}]
 
 
-# --- refused ---------------------------------------------------------------------------------------
+# --- refused -----------------------------------------
 
 @pytest.mark.parametrize("flags,version,message", [
     (["--set", "path=dra"], "1.33.4",
