@@ -35,8 +35,9 @@ from runtime_hook.kube_credentials import CredentialsError, api_client
 
 Operation = dict[str, Any]  # one JSON Patch operation
 _FIELDS = ("capacity", "allocatable")
-_FIX_RBAC = ("grant it with manifests/node-rbac.yaml (get and patch nodes, patch nodes/status, "
-             "get and list pods)")
+_FIX_RBAC = ("grant it with manifests/base/node-rbac.yaml (get and patch nodes, patch "
+             "nodes/status) and, with --placement, manifests/placement/component/node-rbac.yaml "
+             "(get and list pods)")
 
 
 class AdvertiseError(NodeError, RuntimeError):

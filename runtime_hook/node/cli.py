@@ -21,6 +21,7 @@ from runtime_hook.contract import (
     version_flag,
 )
 from runtime_hook.hook_cli import DEFAULT_LIBRARY, DEFAULT_STATE_DIR
+from runtime_hook.hook_errors import NodeError
 from runtime_hook.node import cdi_files
 from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.plugin import DEFAULT_KUBELET_DIR
@@ -37,7 +38,8 @@ The node agent of vcuda, run on each GPU node by the vcuda-node DaemonSet.
 
   install     put libvcuda.so and the OCI hook under PREFIX on the host, and give
               the container runtime (containerd or CRI-O) its vcuda handler
-  uninstall   remove exactly what install wrote
+  uninstall   remove exactly what install wrote, and vcuda's resources and
+              annotations from the node's Node object (--node-name)
   run         keep the GPU inventory that the hook reads and the node's
               <domain>/vcuda-core and <domain>/vcuda-memory resources in step with
               the GPUs, and serve per-container GPU metrics for Prometheus
@@ -140,6 +142,12 @@ def _parser() -> argparse.ArgumentParser:
     uninstall.add_argument("--prefix", type=_absolute, default=DEFAULT_PREFIX, metavar="DIR",
                            help=f"the install's prefix (default: {DEFAULT_PREFIX})")
     uninstall.add_argument("--restart-runtime", **restart)
+    uninstall.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME",
+                           help="also take vcuda's resources and annotations off this Node "
+                                "(default: $NODE_NAME; neither: the files alone)")
+    uninstall.add_argument("--kubeconfig", metavar="FILE",
+                           help="credentials for --node-name (default: the pod's service "
+                                "account)")
 
     agent = commands.add_parser("run", help="advertise the GPUs and serve metrics",
                                 description="Advertise the node's GPUs and serve metrics "
@@ -222,11 +230,20 @@ def main(argv: list[str] | None = None) -> int:
     action = install.install if args.command == "install" else install.uninstall
     try:
         action(options, log)
-    except (install.InstallError, OSError) as exc:
+        if args.command == "uninstall" and args.node_name:
+            _clean_node(args.node_name, args.kubeconfig, log)
+    except (install.InstallError, NodeError, OSError) as exc:
         event(log, logging.ERROR, f"{args.command}_failed", error=str(exc))
         print(f"vcuda-node {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _clean_node(node: str, kubeconfig: str | None, log: logging.Logger) -> None:
+    from runtime_hook.node.advertise import NodeStatus
+    from runtime_hook.node.node_cleanup import clean_node
+
+    clean_node(NodeStatus(node, kubeconfig), log)
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging.Logger) -> int:

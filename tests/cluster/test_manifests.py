@@ -16,9 +16,9 @@ MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 
 @pytest.fixture(scope="module")
 def vcuda_namespace(cluster: Cluster) -> str:
-    """The namespace of manifests/namespace.yaml, created: the dry run of the objects in it
+    """The namespace of manifests/base/namespace.yaml, created: the dry run of the objects in it
     needs it to exist."""
-    cluster.ok("apply", "-f", str(MANIFESTS / "namespace.yaml"))
+    cluster.ok("apply", "-f", str(MANIFESTS / "base" / "namespace.yaml"))
     return "vcuda-system"
 
 
@@ -36,7 +36,7 @@ def test_the_admission_policys_cel_has_no_type_warnings(cluster: Cluster,
                                                         vcuda_namespace: str) -> None:
     """The apiserver type-checks a policy's expressions against the resources it matches and
     puts what fails in the policy's status."""
-    cluster.ok("apply", "-f", str(MANIFESTS / "node-policy.yaml"))
+    cluster.ok("apply", "-f", str(MANIFESTS / "base" / "node-policy.yaml"))
     name = "vcuda-node-own-node"
     cluster.ok("wait", f"validatingadmissionpolicy/{name}", "--timeout=60s",
                "--for=jsonpath={.status.observedGeneration}=1")

@@ -199,7 +199,7 @@ def test_dry_run_skips_the_wait_a_real_recreation_would_make(
 # --- RBAC ---------------------------------------------------------------------------------------
 
 def _manifest_rules() -> list[Any]:
-    return rules_from_manifests(documents(MANIFESTS / "certs-rbac.yaml"), SA)
+    return rules_from_manifests(documents(MANIFESTS / "base" / "certs-rbac.yaml"), SA)
 
 
 def test_the_manifests_rbac_is_enough_for_ensure_and_a_full_rotation(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import shutil
 import subprocess
 from typing import Any
 
@@ -17,6 +16,7 @@ import yaml
 
 from runtime_hook.contract import (
     ASSIGNMENT_ANNOTATION,
+    LEDGER_ANNOTATION,
     LIMITS_ANNOTATION,
     SHARED_RESOURCE,
     WHOLE_RESOURCE,
@@ -34,12 +34,18 @@ from runtime_hook.node.runtime_config import (
     DEFAULT_PREFIX,
 )
 from tests.deploy.manifests import (
+    BASE,
+    KUBECTL,
     KUBERNETES_VERSION,
+    PATHS,
     ROOT,
     all_objects,
+    build,
     documents,
     find,
+    kustomize,
     manifest_files,
+    needs_kubectl,
 )
 from webhook.config import Config, load_config
 
@@ -57,8 +63,11 @@ DEVICE_PLUGIN_CONFIG = ROOT / "device-plugin" / "config.yaml"  # applied apart, 
 UNINSTALL = ROOT / "uninstall"  # applied apart, to remove vcuda from nodes
 
 
-@pytest.mark.parametrize("path", [*manifest_files(), DEVICE_PLUGIN_CONFIG,
-                                  UNINSTALL / "node-uninstall.yaml"], ids=_ids)
+# DRA's are checked in tests/dra; monitoring's are prometheus-operator's kinds, whose schemas
+# are not Kubernetes' (tests/monitoring checks them with Prometheus' own tools).
+@pytest.mark.parametrize("path", [*(p for p in manifest_files()
+                                    if p.parent not in (ROOT / "dra", ROOT / "monitoring")),
+                                  DEVICE_PLUGIN_CONFIG], ids=_ids)
 def test_every_manifest_validates_strictly_against_the_kubernetes_schemas(path: Any) -> None:
     for obj in documents(path):
         kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
@@ -71,28 +80,57 @@ def test_strict_validation_rejects_a_field_the_schema_does_not_know() -> None:
         kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
 
 
-def test_the_kustomization_lists_every_manifest_file() -> None:
-    listed = yaml.safe_load((ROOT / "kustomization.yaml").read_text())["resources"]
-    assert sorted(listed) == sorted(p.name for p in manifest_files())
+_NOT_LISTED = {"kustomization.yaml", "kube-scheduler-config.yaml"}  # a node's file, not an object
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None,
-                    reason="kubectl is not installed (Debian does not package it); "
-                           "the kustomization build is checked where it is present")
-def test_the_kustomization_builds_every_object_with_the_vcuda_label() -> None:
-    built = subprocess.run(["kubectl", "kustomize", str(ROOT)], capture_output=True, text=True,
-                           check=True, timeout=120).stdout
-    objects = [d for d in yaml.safe_load_all(built) if d]
-    assert sorted(_key(o) for o in objects) == sorted(_key(o) for o in all_objects())
+def test_a_kustomization_lists_every_manifest_file() -> None:
+    files = {p.resolve() for p in ROOT.rglob("*.yaml")
+             if p.name not in _NOT_LISTED and not p.name.endswith("-patch.yaml")
+             and not {"node", "device-plugin", "examples"} & set(p.relative_to(ROOT).parts)}
+    assert files == set(manifest_files())
+
+
+@needs_kubectl
+@pytest.mark.parametrize("path", PATHS)
+def test_each_path_builds_a_whole_install_labelled_as_vcudas(path: str) -> None:
+    objects = kustomize(PATHS[path])
+    base = {_key(o) for o in all_objects() if o in _base_objects()}
+    assert base <= {_key(o) for o in objects}
+    # The webhook's policy is off by default: its peers depend on the network.
+    assert ("NetworkPolicy", "vcuda-webhook") not in {
+        (o["kind"], o["metadata"]["name"]) for o in objects}
     for obj in objects:
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "vcuda"
-        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        kubernetes_validate.validate(obj, "1.34" if path == "dra" else KUBERNETES_VERSION,
+                                     strict=True)
 
 
-def test_the_kustomization_owns_no_namespace_but_its_own() -> None:
-    """`kubectl delete -k manifests/` must not delete software vcuda did not install."""
+def _base_objects() -> list[dict[str, Any]]:
+    return [d for p in manifest_files() if p.parent == BASE for d in documents(p)]
+
+
+@needs_kubectl
+@pytest.mark.parametrize("resources,components", [
+    (["placement", "dra"], []),                # two whole installs: the same objects twice
+    (["dra"], ["placement/component"]),        # DRA's agent, then placement's patch of it
+], ids=["two-overlays", "dra-then-placement"])
+def test_placement_and_dra_together_do_not_build(resources: list[str], components: list[str],
+                                                 tmp_path: Any) -> None:
+    """A node takes one path; combined, the build fails instead of dropping --placement."""
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(ROOT / r, tmp_path) for r in resources],
+        "components": [os.path.relpath(ROOT / c, tmp_path) for c in components]}))
+    built = build(tmp_path)
+    assert built.returncode != 0 and built.stdout == ""
+
+
+def test_vcuda_owns_no_namespace_but_its_own() -> None:
+    """`kubectl delete -k manifests/` must not delete software vcuda did not install; its one
+    object elsewhere is kube-scheduler's binding to the API server's authentication reader."""
     assert [o["metadata"]["name"] for o in all_objects() if o["kind"] == "Namespace"] == [NAMESPACE]
-    assert {o["metadata"].get("namespace", NAMESPACE) for o in all_objects()} == {NAMESPACE}
+    elsewhere = [_key(o) for o in all_objects()
+                 if o["metadata"].get("namespace", NAMESPACE) != NAMESPACE]
+    assert elsewhere == [("RoleBinding", "kube-system", "vcuda-scheduler-authentication-reader")]
     assert all(o["kind"] != "Namespace" and "namespace" not in o["metadata"]
                for o in documents(DEVICE_PLUGIN_CONFIG))
 
@@ -225,6 +263,12 @@ def test_webhook_runs_two_spread_replicas_protected_by_a_disruption_budget() -> 
     assert find("Service", "vcuda-webhook")["spec"]["selector"].items() <= labels.items()
 
 
+def test_the_webhooks_network_policy_is_a_component_an_overlay_takes() -> None:
+    component = yaml.safe_load((ROOT / "webhook-networkpolicy" / "kustomization.yaml")
+                               .read_text())
+    assert component["kind"] == "Component" and component["resources"] == ["networkpolicy.yaml"]
+
+
 def test_only_addresses_outside_the_pod_network_and_scrapers_reach_the_webhook() -> None:
     policy = find("NetworkPolicy", "vcuda-webhook")["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= _webhook_pod()["metadata"][
@@ -302,16 +346,17 @@ def _certs_flag(command: str, flag: str) -> str:
 
 
 @pytest.mark.parametrize("command", ["ensure", "rotate"])
-def test_certs_jobs_name_the_objects_of_the_manifests(command: str) -> None:
-    assert _certs_flag(command, "--namespace") == NAMESPACE
+def test_certs_jobs_name_the_objects_of_the_manifests_in_their_own_namespace(command: str) -> None:
+    # No --namespace: vcuda-certs takes its pod's, wherever the install put it.
+    assert not [a for a in _certs_container(command)["args"] if a.startswith("--namespace")]
     assert _certs_flag(command, "--service") == find("Service", "vcuda-webhook")["metadata"]["name"]
     assert _certs_flag(command, "--webhook-config") == "vcuda-webhook"
     find("MutatingWebhookConfiguration", _certs_flag(command, "--webhook-config"))
 
 
-def test_the_ensure_job_is_removed_once_finished_so_a_new_image_can_be_applied() -> None:
-    # A Job's pod template is immutable: a Job left behind refuses the next apply.
-    assert find("Job", "vcuda-certs-ensure")["spec"]["ttlSecondsAfterFinished"] == 0
+def test_the_ensure_job_stays_long_enough_to_read_why_it_failed() -> None:
+    # A Job's pod template is immutable: an upgrade deletes it first (README, "Upgrade").
+    assert find("Job", "vcuda-certs-ensure")["spec"]["ttlSecondsAfterFinished"] >= 3600
 
 
 def test_rotation_runs_hourly_one_at_a_time() -> None:
@@ -344,7 +389,7 @@ def test_no_role_grants_wildcards() -> None:
 
 
 def test_the_webhook_may_list_nodes_and_nothing_else() -> None:
-    objects = documents(ROOT / "webhook-rbac.yaml")
+    objects = documents(BASE / "webhook-rbac.yaml")
     [role] = [o for o in objects if o["kind"] == "ClusterRole"]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]
     [binding] = [o for o in objects if o["kind"] == "ClusterRoleBinding"]
@@ -355,10 +400,22 @@ def test_the_webhook_may_list_nodes_and_nothing_else() -> None:
     assert _webhook_pod()["spec"]["automountServiceAccountToken"] is True
 
 
-def test_node_agent_may_only_read_and_annotate_nodes_patch_their_status_and_read_pods() -> None:
+def test_node_agent_may_only_read_and_annotate_nodes_and_patch_their_status() -> None:
     rules = find("ClusterRole", "vcuda-node")["rules"]
     assert sorted((r["resources"][0], tuple(r["verbs"])) for r in rules) == [
-        ("nodes", ("get", "patch")), ("nodes/status", ("patch",)), ("pods", ("get", "list"))]
+        ("nodes", ("get", "patch")), ("nodes/status", ("patch",))]
+
+
+def test_only_with_placement_does_the_node_agent_read_pods() -> None:
+    """runtime_hook/node/placement_agent.py is the one caller of the pod reads."""
+    component = yaml.safe_load((ROOT / "placement" / "component" / "kustomization.yaml")
+                               .read_text())
+    assert "node-rbac.yaml" in component["resources"]
+    [rule] = find("ClusterRole", "vcuda-node-placement")["rules"]
+    assert (rule["resources"], rule["verbs"]) == (["pods"], ["get", "list"])
+    binding = find("ClusterRoleBinding", "vcuda-node-placement")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vcuda-node",
+                                    "namespace": NAMESPACE}]
 
 
 # --- priority: GKE admits system-* priority classes outside kube-system only under a quota -----
@@ -406,8 +463,8 @@ def test_every_pod_of_a_system_priority_class_is_covered_by_a_quota_with_room_fo
 
 def test_the_quota_leaves_pods_of_other_priorities_alone() -> None:
     [quota] = [o for o in all_objects() if o["kind"] == "ResourceQuota"]
-    webhook = _webhook_pod()["spec"]
-    assert "priorityClassName" not in webhook and not _quota_covers(quota, webhook)
+    certs = find("Job", "vcuda-certs-ensure")["spec"]["template"]["spec"]
+    assert "priorityClassName" not in certs and not _quota_covers(quota, certs)
     assert not _quota_covers(quota, {"priorityClassName": "high-priority"})
 
 
@@ -450,15 +507,15 @@ def _documented_patch(path: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None,
+@pytest.mark.skipif(KUBECTL is None,
                     reason="kubectl is not installed; the overlay is built where it is present")
 def test_the_node_policys_documented_patch_names_other_scrapers(tmp_path: Any) -> None:
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
         f"resources: [{os.path.relpath(ROOT, overlay)}]\n"  # kustomize wants it relative
-        + _documented_patch(ROOT / "node-networkpolicy.yaml"))
-    built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True,
+        + _documented_patch(ROOT / "base" / "node-networkpolicy.yaml"))
+    built = subprocess.run([str(KUBECTL), "kustomize", str(overlay)], capture_output=True,
                            text=True, check=True, timeout=120).stdout
     [policy] = [o for o in yaml.safe_load_all(built)
                 if o and o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "vcuda-node"]
@@ -496,6 +553,16 @@ def test_the_node_uninstall_runs_with_the_installs_privileges_and_mounts() -> No
     assert done["securityContext"]["runAsNonRoot"] is True
 
 
+def test_the_node_uninstall_cleans_its_own_node_as_the_node_agent() -> None:
+    """The agent's account may change its own Node (node-policy.yaml); uninstall names it."""
+    spec = _uninstall()["spec"]["template"]["spec"]
+    [uninstall] = spec["initContainers"]
+    assert spec["serviceAccountName"] == "vcuda-node"
+    assert spec.get("automountServiceAccountToken", True) is True
+    [node_name] = [e for e in uninstall["env"] if e["name"] == "NODE_NAME"]
+    assert node_name["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
 def test_the_node_uninstall_runs_only_where_asked_and_never_beside_the_install() -> None:
     uninstall = _uninstall()["spec"]["template"]["spec"]["nodeSelector"]
     install = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]["nodeSelector"]
@@ -505,7 +572,7 @@ def test_the_node_uninstall_runs_only_where_asked_and_never_beside_the_install()
 
 
 def test_the_uninstall_kustomization_sets_the_image_as_the_main_one_does() -> None:
-    main = yaml.safe_load((ROOT / "kustomization.yaml").read_text())
+    main = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     uninstall = yaml.safe_load((UNINSTALL / "kustomization.yaml").read_text())
     assert uninstall["images"] == main["images"]
     assert uninstall["resources"] == ["node-uninstall.yaml"]
@@ -558,13 +625,16 @@ def test_the_agent_asks_nvidias_runtime_for_every_gpu_by_mount_and_by_variable()
     assert _host_mounts(agent)[NVIDIA_ALL_GPUS] == ("/dev/null", False)
 
 
+PLACEMENT_COMPONENT = ROOT / "placement" / "component"
+
+
 def _with_placement() -> dict[str, Any]:
-    patch = yaml.safe_load((ROOT / "placement" / "daemonset-patch.yaml").read_text())
+    patch = yaml.safe_load((PLACEMENT_COMPONENT / "daemonset-patch.yaml").read_text())
     return jsonpatch.apply_patch(find("DaemonSet", "vcuda-node"), patch)
 
 
 def test_the_placement_component_is_valid_and_patches_the_node_daemonset() -> None:
-    kustomization = yaml.safe_load((ROOT / "placement" / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((PLACEMENT_COMPONENT / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Component"
     [patch] = kustomization["patches"]
     assert (patch["path"], patch["target"]["kind"], patch["target"]["name"]) == (
@@ -622,8 +692,9 @@ def test_every_container_uses_the_one_fully_qualified_image_the_kustomization_se
         if pod:
             for container in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
                 images.add(container["image"])
-    upstream = {"registry.k8s.io/kube-scheduler:v1.33.5"}  # vcuda-scheduler, unchanged
-    [entry] = yaml.safe_load((ROOT / "kustomization.yaml").read_text())["images"]
+    # vcuda-scheduler, unchanged, at a tag that pulls nothing until set to the cluster's
+    upstream = {f"{KUBE_SCHEDULER}:SET-TO-THE-CLUSTER-VERSION"}
+    [entry] = yaml.safe_load((BASE / "kustomization.yaml").read_text())["images"]
     assert images == {f"{entry['name']}:{entry['newTag']}"} | upstream
     registry = entry["name"].split("/")[0]
     assert registry.endswith(".invalid")  # never resolves: an unset image fails at pull
@@ -648,6 +719,7 @@ def _own_node_policy_allows(username: str, node: str, token_node: str | None) ->
 
 
 AGENT = f"system:serviceaccount:{NAMESPACE}:vcuda-node"
+KUBE_SCHEDULER = "registry.k8s.io/kube-scheduler"
 
 
 def test_the_node_agent_may_change_its_own_node() -> None:
@@ -664,6 +736,12 @@ def test_a_node_agent_token_not_bound_to_a_pod_may_change_no_node() -> None:
 
 def test_the_own_node_policy_leaves_other_users_alone() -> None:
     assert _own_node_policy_allows("system:node:gpu-1", "gpu-2", token_node=None)
+    assert _own_node_policy_allows("system:serviceaccount:team:vcuda-node-x", "gpu-2", None)
+
+
+def test_the_own_node_policy_holds_in_whichever_namespace_vcuda_is_installed() -> None:
+    assert not _own_node_policy_allows("system:serviceaccount:gpu-ops:vcuda-node", "gpu-2",
+                                       token_node="gpu-1")
 
 
 def test_the_own_node_policy_covers_nodes_and_their_status_and_denies() -> None:
@@ -683,8 +761,13 @@ def _scheduler_config() -> dict[str, Any]:
 def test_vcuda_scheduler_is_leader_elected_and_calls_the_extender_for_vcudas_resources() -> None:
     config = _scheduler_config()
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert config["leaderElection"] == {"leaderElect": True, "resourceNamespace": NAMESPACE,
-                                        "resourceName": "vcuda-scheduler"}
+    assert config["leaderElection"] == {"leaderElect": True, "resourceName": "vcuda-scheduler"}
+    # The Lease lives in the pod's own namespace, whichever that is.
+    [kube_scheduler] = [c for c in _scheduler_pod()["containers"]
+                        if c["name"] == "kube-scheduler"]
+    assert "--leader-elect-resource-namespace=$(POD_NAMESPACE)" in kube_scheduler["command"]
+    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.namespace"}}} in kube_scheduler["env"]
     assert [p["schedulerName"] for p in config["profiles"]] == ["vcuda-scheduler"]
     [extender] = config["extenders"]
     assert extender["urlPrefix"] == "http://127.0.0.1:8888"
@@ -696,14 +779,44 @@ def test_vcuda_scheduler_is_leader_elected_and_calls_the_extender_for_vcudas_res
                                                                  WHOLE_RESOURCE}
 
 
+def _scheduler_pod() -> dict[str, Any]:
+    return find("Deployment", "vcuda-scheduler")["spec"]["template"]["spec"]
+
+
+ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _account_volume(spec: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    [mount] = [m for m in container.get("volumeMounts", []) if m["mountPath"] == ACCOUNT_DIR]
+    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    return volume
+
+
+def test_the_extender_holds_its_own_accounts_token_and_kube_scheduler_its_own() -> None:
+    spec = _scheduler_pod()
+    assert spec["serviceAccountName"] == "vcuda-scheduler"
+    assert spec["automountServiceAccountToken"] is False  # no token for every container
+    containers = {c["name"]: c for c in spec["containers"]}
+    scheduler = _account_volume(spec, containers["kube-scheduler"])["projected"]["sources"]
+    assert {"path": "token", "expirationSeconds": 3607} in [
+        s.get("serviceAccountToken") for s in scheduler]
+    secret = _account_volume(spec, containers["extender"])["secret"]
+    token = find("Secret", secret["secretName"])
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": "vcuda-scheduler-extender"}
+    assert sorted(i["key"] for i in secret["items"]) == ["ca.crt", "namespace", "token"]
+    find("ServiceAccount", "vcuda-scheduler-extender")
+
+
 def test_the_extender_listens_on_loopback_only_where_its_scheduler_reaches_it() -> None:
-    scheduler = find("Deployment", "vcuda-scheduler")["spec"]["template"]["spec"]
+    scheduler = _scheduler_pod()
     daemonset = find("DaemonSet", "vcuda-scheduler-extender")["spec"]["template"]["spec"]
     for spec in (scheduler, daemonset):
         [extender] = [c for c in spec["containers"] if "/vcuda/vcuda:" in c["image"]]
         assert extender["command"] == ["vcuda-scheduler-extender", "--host", "127.0.0.1",
                                        "--port", "8888"]
-        assert spec["serviceAccountName"] == "vcuda-scheduler"
+    assert daemonset["serviceAccountName"] == "vcuda-scheduler-extender"
     assert daemonset["hostNetwork"] is True
     assert daemonset["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
     [kube_scheduler] = [c for c in scheduler["containers"] if c["name"] == "kube-scheduler"]
@@ -715,6 +828,20 @@ def test_the_extender_may_read_pods_bind_them_and_watch_and_write_nodes_and_noth
     assert sorted((r["resources"][0], tuple(r["verbs"])) for r in rules) == [
         ("nodes", ("get", "list", "watch", "patch")), ("pods", ("get",)),
         ("pods/binding", ("create",))]
+    extender = f"system:serviceaccount:{NAMESPACE}:vcuda-scheduler-extender"
+    bound = {b["roleRef"]["name"] for b in all_objects() if b["kind"].endswith("RoleBinding")
+             and any(f"system:serviceaccount:{s['namespace']}:{s['name']}" == extender
+                     for s in b["subjects"])}
+    assert bound == {"vcuda-scheduler-extender"}  # none of kube-scheduler's roles
+
+
+def test_kube_scheduler_may_read_the_api_servers_authentication_configuration() -> None:
+    binding = find("RoleBinding", "vcuda-scheduler-authentication-reader")
+    assert binding["metadata"]["namespace"] == "kube-system"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "extension-apiserver-authentication-reader"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vcuda-scheduler",
+                                    "namespace": NAMESPACE}]
     leases = find("Role", "vcuda-scheduler-leader-election")["rules"]
     assert {name for rule in leases for name in rule.get("resourceNames", [])} == {
         "vcuda-scheduler"}
@@ -727,3 +854,87 @@ def test_match_conditions_name_the_webhooks_default_resources_and_annotation() -
                ASSIGNMENT_ANNOTATION}
     [condition] = _webhook()["matchConditions"]
     assert set(re.findall(r"'([^']+)'", condition["expression"])) - {"UPDATE"} == wanted
+
+
+def test_the_webhook_runs_at_a_priority_that_is_not_evicted_first() -> None:
+    assert _webhook_pod()["spec"]["priorityClassName"] == "system-cluster-critical"
+
+
+# --- the extender's writes: the GPU ledger annotation of a Node, nothing else -------------------
+
+EXTENDER = f"system:serviceaccount:{NAMESPACE}:vcuda-scheduler-extender"
+
+
+def _node(annotations: dict[str, str] | None = None, **changes: Any) -> dict[str, Any]:
+    node: dict[str, Any] = {"metadata": {"name": "gpu-1", "labels": {"vcuda.io/enabled": "true"},
+                                         "annotations": {"vcuda.io/gpus": "{}"}},
+                            "spec": {"podCIDR": "10.244.1.0/24"}}
+    if annotations is not None:
+        node["metadata"]["annotations"] = annotations
+    for path, value in changes.items():
+        section, key = path.split("__")
+        node[section if section == "spec" else "metadata"].__setitem__(key, value)
+    return node
+
+
+def _extender_policy_allows(username: str, old: dict[str, Any], new: dict[str, Any]) -> bool:
+    policy = find("ValidatingAdmissionPolicy", "vcuda-scheduler-extender-ledger-only")["spec"]
+    env = celpy.Environment()
+    activation: dict[str, Any] = {
+        "request": celpy.json_to_cel({"operation": "UPDATE", "userInfo": {"username": username}}),
+        "object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old)}
+    for condition in policy["matchConditions"]:
+        if not env.program(env.compile(condition["expression"])).evaluate(activation):
+            return True
+    activation["variables"] = celpy.json_to_cel({
+        v["name"]: env.program(env.compile(v["expression"])).evaluate(activation)
+        for v in policy["variables"]})
+    return all(bool(env.program(env.compile(v["expression"])).evaluate(activation))
+               for v in policy["validations"])
+
+
+def test_the_extender_may_write_the_gpu_ledger_of_a_node() -> None:
+    ledger = {"vcuda.io/gpus": "{}", LEDGER_ANNOTATION: '{"uid": {}}'}
+    assert _extender_policy_allows(EXTENDER, _node(), _node(ledger))
+    assert _extender_policy_allows(EXTENDER, _node(ledger), _node())  # and take its line back
+
+
+@pytest.mark.parametrize("new", [
+    _node({"vcuda.io/gpus": "forged"}),                          # another annotation changed
+    _node({"vcuda.io/gpus": "{}", "other.io/x": "1"}),           # one added
+    _node({}),                                                   # one removed
+    _node(metadata__labels={}),                                  # labels
+    _node(metadata__finalizers=["x"]),
+    _node(spec__unschedulable=True),                             # the spec: cordon, taints
+], ids=["annotation", "added", "removed", "labels", "finalizers", "spec"])
+def test_the_extender_may_change_nothing_else_of_a_node_in_any_namespace(
+        new: dict[str, Any]) -> None:
+    assert not _extender_policy_allows(EXTENDER, _node(), new)
+    assert not _extender_policy_allows(
+        "system:serviceaccount:gpu-ops:vcuda-scheduler-extender", _node(), new)
+    assert _extender_policy_allows("system:kube-scheduler", _node(), new)
+
+
+def test_the_extender_policy_covers_node_updates_and_denies() -> None:
+    policy = find("ValidatingAdmissionPolicy", "vcuda-scheduler-extender-ledger-only")["spec"]
+    [rule] = policy["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodes"] and rule["operations"] == ["UPDATE"]
+    binding = find("ValidatingAdmissionPolicyBinding", "vcuda-scheduler-extender-ledger-only")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+# --- a namespace of one's own --------------------------------------------------------------------
+
+@needs_kubectl
+def test_a_namespace_override_keeps_the_policies_and_moves_the_accounts(tmp_path: Any) -> None:
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "namespace": "gpu-ops", "resources": [os.path.relpath(PATHS["placement"], tmp_path)]}))
+    objects = kustomize(tmp_path)
+    for obj in objects:
+        for subject in obj.get("subjects", []):
+            assert subject["namespace"] == "gpu-ops", obj["metadata"]["name"]
+    text = yaml.safe_dump_all(objects)
+    # What stays: the webhook's exclusion of the old name (matchConditions send no pod of
+    # vcuda's own either way); README, "Install with kustomize", says to patch it.
+    assert text.count(NAMESPACE) == 1
+    assert NAMESPACE in _webhook()["namespaceSelector"]["matchExpressions"][0]["values"]

@@ -105,7 +105,8 @@ def log() -> logging.Logger:
 def dra_api(tmp_path: Path) -> Iterator[FakeDraApi]:
     api = FakeDraApi(node_name=NODE)
     api.rules = rules_from_manifests(
-        [*documents(ROOT / "node-rbac.yaml"), *documents(ROOT / "dra" / "rbac.yaml")], NODE_AGENT)
+        [*documents(ROOT / "base" / "node-rbac.yaml"), *documents(ROOT / "dra" / "rbac.yaml")],
+        NODE_AGENT)
     api.add_node(NODE)
     api.start(tmp_path)
     yield api

@@ -243,7 +243,7 @@ def test_prepare_without_rbac_says_which_grant_is_missing(dra_node: DraNode) -> 
                             'resourceclaims "denied" is forbidden: User '
                             '"system:serviceaccount:vcuda-system:vcuda-node" cannot get')
     assert error.endswith("; fix: grant it with manifests/dra/rbac.yaml (get resourceclaims; "
-                          "get, create, update resourceslices) and manifests/node-rbac.yaml "
+                          "get, create, update resourceslices) and manifests/base/node-rbac.yaml "
                           "(get nodes)")
 
 

@@ -159,4 +159,4 @@ def test_the_driver_reports_a_slice_it_cannot_write_and_keeps_running(
         "not allowed to get resourceslice gpu-node-1-vcuda.io: ")
     assert record.fields["reason"].endswith(
         "; fix: grant it with manifests/dra/rbac.yaml (get resourceclaims; get, create, update "
-        "resourceslices) and manifests/node-rbac.yaml (get nodes)")
+        "resourceslices) and manifests/base/node-rbac.yaml (get nodes)")

@@ -31,7 +31,7 @@ from tests.fake_cluster_api import FakeClusterApi
 from tests.fake_kube_api import rules_from_manifests
 from tests.json_log import written_entries
 
-EXTENDER_ACCOUNT = "system:serviceaccount:vcuda-system:vcuda-scheduler"
+EXTENDER_ACCOUNT = "system:serviceaccount:vcuda-system:vcuda-scheduler-extender"
 
 
 def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -163,9 +163,8 @@ def test_bind_on_a_node_the_view_shows_behind_the_api_reads_it_again_after_the_c
 
 def test_the_shipped_rbac_lets_the_extender_watch_the_nodes_and_bind(
         api: FakeClusterApi, tmp_path: Path) -> None:
-    documents = [d for d in yaml.safe_load_all((ROOT / "manifests" / "scheduler-rbac.yaml")
-                                               .read_text())
-                 if d["metadata"]["name"] == "vcuda-scheduler-extender"]
+    documents = list(yaml.safe_load_all(
+        (ROOT / "manifests" / "placement" / "component" / "extender-rbac.yaml").read_text()))
     api.rules = rules_from_manifests(documents, EXTENDER_ACCOUNT)
     api.put("/api/v1/nodes/n", node_object("n", [16 * GIB]))
     pod = pod_object("p", 10, 1)

@@ -87,7 +87,8 @@ def test_a_node_without_a_capacity_map_gets_one() -> None:
 def api(tmp_path: Path) -> Iterator[FakeNodesApi]:
     server = FakeNodesApi()
     server.start(tmp_path)
-    server.rules = rules_from_manifests(documents(MANIFESTS / "node-rbac.yaml"), NODE_AGENT)
+    server.rules = rules_from_manifests(
+        documents(MANIFESTS / "base" / "node-rbac.yaml"), NODE_AGENT)
     server.add_node(NODE, KUBELETS)
     yield server
     server.stop()
@@ -260,8 +261,9 @@ def test_a_missing_permission_is_logged_with_the_rbac_fix_and_the_agent_goes_on(
     reason = _skipped(logs)[f"node {NODE}"]
     assert reason.startswith(f"not allowed to patch nodes/status '{NODE}': nodes/status "
                              f'"{NODE}" is forbidden: User "{NODE_AGENT}" cannot patch')
-    assert reason.endswith("grant it with manifests/node-rbac.yaml (get and patch nodes, patch "
-                           "nodes/status, get and list pods)")
+    assert reason.endswith("grant it with manifests/base/node-rbac.yaml (get and patch nodes, "
+                           "patch nodes/status) and, with --placement, "
+                           "manifests/placement/component/node-rbac.yaml (get and list pods)")
     assert os.path.exists(advertiser.inventory)  # the hook still gets its inventory
 
 

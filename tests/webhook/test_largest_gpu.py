@@ -59,7 +59,8 @@ def test_a_value_that_is_not_bytes_of_at_least_256_mib_is_named_and_left_out(val
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeNodesApi]:
     server = FakeNodesApi(keep_alive=True, subject=WEBHOOK)
-    server.rules = rules_from_manifests(documents(MANIFESTS / "webhook-rbac.yaml"), WEBHOOK)
+    server.rules = rules_from_manifests(
+        documents(MANIFESTS / "base" / "webhook-rbac.yaml"), WEBHOOK)
     server.add_node("h100", {}, ENABLED, {MAX_GPU_MEMORY_ANNOTATION: str(80 * GIB)})
     server.add_node("h200", {}, ENABLED, {MAX_GPU_MEMORY_ANNOTATION: str(141 * GIB)})
     # Not labelled: not a vcuda node, whatever it says.

@@ -142,7 +142,7 @@ class Cluster:
             return Forbidden(
                 f"missing RBAC permission: cannot {verb} {resource} {name!r}{where}. Grant "
                 f"verb {verb!r} on resource {resource!r} to this service account "
-                f"(manifests/certs-rbac.yaml does). API server: {message}")
+                f"(manifests/base/certs-rbac.yaml does). API server: {message}")
         if status == 401:
             return ClusterError(f"the API server rejected the credentials: {message}")
         if status == 409:

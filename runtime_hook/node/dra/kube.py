@@ -10,7 +10,7 @@ from runtime_hook.hook_errors import NodeError
 from runtime_hook.kube_credentials import CredentialsError, api_client
 
 _FIX_RBAC = ("grant it with manifests/dra/rbac.yaml (get resourceclaims; get, create, update "
-             "resourceslices) and manifests/node-rbac.yaml (get nodes)")
+             "resourceslices) and manifests/base/node-rbac.yaml (get nodes)")
 
 
 class DraApiError(NodeError, RuntimeError):

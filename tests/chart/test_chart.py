@@ -1,0 +1,194 @@
+"""The Helm chart charts/vcuda: lint, every path rendered and validated strictly for every
+supported Kubernetes version, the same objects as the kustomize path of the same name, any
+namespace, and each combination it refuses with its message. helm is the one
+scripts/build-helm built from its Go module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy.manifests import PATHS, ROOT, kustomize, needs_kubectl
+
+REPO = ROOT.parent
+CHART = REPO / "charts" / "vcuda"
+VERSIONS = [f"1.{minor}.0" for minor in range(30, 38)]  # where kubernetes-validate has schemas
+HELM_LABELS = ("app.kubernetes.io/managed-by", "helm.sh/chart")
+
+
+def _helm() -> str:
+    built = subprocess.run([str(REPO / "scripts" / "build-helm"), "--print"],
+                           capture_output=True, text=True, check=False)
+    if built.returncode != 0:
+        pytest.skip("helm is not built here: run scripts/build-helm (needs Go)")
+    return built.stdout.strip().splitlines()[-1]
+
+
+def _template(*flags: str, version: str = "1.33.4",
+              namespace: str = "vcuda-system") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([_helm(), "template", "vcuda", str(CHART), "-n", namespace,
+                           "--kube-version", version, *flags],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _objects(*flags: str, **options: str) -> list[dict[str, Any]]:
+    rendered = _template(*flags, **options)
+    assert rendered.returncode == 0, rendered.stderr
+    return [d for d in yaml.safe_load_all(rendered.stdout) if d]
+
+
+def _path_flags(path: str) -> list[str]:
+    if path == "placement-self-managed":
+        return ["--set", "path=placement", "--set", "placement.scheduler=self-managed"]
+    return ["--set", f"path={path}"]
+
+
+def test_the_chart_lints() -> None:
+    linted = subprocess.run([_helm(), "lint", str(CHART), "--kube-version", "1.33.0"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_renders_valid_objects_for_every_supported_version(path: str,
+                                                                      version: str) -> None:
+    if path == "dra" and version < "1.34":
+        pytest.skip("the DRA path needs 1.34 (its refusal is tested below)")
+    objects = _objects(*_path_flags(path), "--set", "networkPolicy.enabled=true",
+                       "--set", "networkPolicy.from[0].ipBlock.cidr=10.0.0.0/8",
+                       version=version)
+    assert objects
+    for obj in objects:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+# --- one source: the chart installs what kustomize builds ------------------------------------
+
+@needs_kubectl
+def test_the_charts_files_are_what_the_kustomize_manifests_build_now() -> None:
+    """scripts/render-chart wrote them; a change to manifests/ must be rendered again."""
+    files = {"nvidia-device-plugin": "nvidia-device-plugin",
+             "placement": "placement-second-scheduler",
+             "placement-self-managed": "placement-self-managed", "dra": "dra"}
+    for path, name in files.items():
+        shipped = [d for d in yaml.safe_load_all((CHART / "files" / f"{name}.yaml").read_text())
+                   if d]
+        assert shipped == kustomize(PATHS[path]), f"run scripts/render-chart ({name})"
+
+
+def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` without what only Helm adds: its labels, the revision in the certificate Job's
+    name; the webhook's settings as their JSON values."""
+    obj = json.loads(json.dumps(obj))
+    labels = obj["metadata"].get("labels", {})
+    for label in HELM_LABELS:
+        labels.pop(label, None)
+    name, _, revision = obj["metadata"]["name"].rpartition("-")
+    if obj["kind"] == "Job" and revision.isdigit():
+        obj["metadata"]["name"] = name
+    if obj["kind"] == "ConfigMap" and "config.json" in obj.get("data", {}):
+        obj["data"]["config.json"] = json.loads(obj["data"]["config.json"])
+    return obj
+
+
+@needs_kubectl
+@pytest.mark.parametrize("path", PATHS)
+def test_the_chart_renders_the_objects_of_the_kustomize_path_of_the_same_name(
+        path: str, tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(PATHS[path], tmp_path)],
+        "images": [{"name": "registry.k8s.io/kube-scheduler", "newTag": "v1.34.2"}]}))
+    built = [_comparable(o) for o in kustomize(tmp_path) if o["kind"] != "Namespace"]
+    rendered = [_comparable(o) for o in _objects(*_path_flags(path), version="1.34.2")]
+    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
+    assert sorted(rendered, key=key) == sorted(built, key=key)
+
+
+# --- values --------------------------------------------------------------------------------------
+
+def _images(objects: list[dict[str, Any]]) -> set[str]:
+    found = set()
+    for obj in objects:
+        spec = obj.get("spec", {})
+        pod = spec.get("template") or spec.get("jobTemplate", {}).get("spec", {}).get("template")
+        if pod:
+            found |= {c["image"] for c in pod["spec"].get("initContainers", []) +
+                      pod["spec"]["containers"]}
+    return found
+
+
+def test_kube_scheduler_follows_the_clusters_version_without_a_providers_suffix() -> None:
+    objects = _objects("--set", "path=placement", version="1.35.3-gke.1200")
+    assert "registry.k8s.io/kube-scheduler:v1.35.3" in _images(objects)
+
+
+def test_the_image_is_taken_by_digest_when_one_is_given() -> None:
+    digest = "sha256:" + "a" * 64
+    images = _images(_objects("--set", "image.repository=registry.example/vcuda",
+                              "--set", f"image.digest={digest}"))
+    assert images == {f"registry.example/vcuda@{digest}"}
+
+
+def test_any_namespace_holds_every_reference_to_it() -> None:
+    objects = _objects("--set", "path=placement", namespace="gpu-ops")
+    assert "vcuda-system" not in yaml.safe_dump_all(objects)
+    [webhook] = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
+    [selector] = webhook["webhooks"][0]["namespaceSelector"]["matchExpressions"]
+    assert selector["values"] == ["kube-system", "gpu-ops"]
+
+
+def test_the_webhooks_settings_come_from_the_values() -> None:
+    objects = _objects("--set", "domains={example.com}", "--set", "maxGpuMemory=141Gi")
+    [config] = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert json.loads(config["data"]["config.json"]) == {"domains": ["example.com"],
+                                                          "max_gpu_memory": "141Gi"}
+
+
+def _webhook_policies(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects
+            if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "vcuda-webhook"]
+
+
+def test_the_webhooks_network_policy_is_off_by_default_and_takes_the_peers_given() -> None:
+    assert _webhook_policies(_objects()) == []
+    objects = _objects("--set", "networkPolicy.enabled=true",
+                       "--set", "networkPolicy.from[0].ipBlock.cidr=192.0.2.10/32")
+    [policy] = _webhook_policies(objects)
+    assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "192.0.2.10/32"}}]
+
+
+# --- refused -----------------------------------------
+
+@pytest.mark.parametrize("flags,version,message", [
+    (["--set", "path=dra"], "1.33.4",
+     "vcuda: path dra needs Kubernetes 1.34 or later (resource.k8s.io/v1); this cluster is "
+     "v1.33.4: use path nvidia-device-plugin or placement"),
+    (["--set", "path=placement", "--set", "placement.kubeScheduler.tag=v1.35.0"], "1.33.4",
+     "vcuda: placement.kubeScheduler.tag v1.35.0 does not fit this cluster (v1.33.4): "
+     "kube-scheduler may be the API server's minor version or one older"),
+    (["--set", "path=placement", "--set", "placement.kubeScheduler.tag=v1.31.0"], "1.33.4",
+     "vcuda: placement.kubeScheduler.tag v1.31.0 does not fit this cluster (v1.33.4)"),
+    (["--set", "networkPolicy.enabled=true"], "1.33.4",
+     "vcuda: networkPolicy.enabled needs networkPolicy.from: the peers from which the API "
+     "server reaches the webhook"),
+    (["--set", "placement.scheduler=self-managed"], "1.33.4",
+     "vcuda: placement.scheduler self-managed is for path placement, not nvidia-device-plugin"),
+], ids=["dra-before-1.34", "scheduler-newer", "scheduler-two-older", "policy-without-peers",
+        "scheduler-without-placement"])
+def test_a_combination_that_cannot_work_is_refused_with_what_to_do(
+        flags: list[str], version: str, message: str) -> None:
+    rendered = _template(*flags, version=version)
+    assert rendered.returncode != 0
+    assert message in rendered.stderr
+
+
+def test_a_kube_scheduler_one_minor_older_is_accepted() -> None:
+    _objects("--set", "path=placement", "--set", "placement.kubeScheduler.tag=v1.32.9")
