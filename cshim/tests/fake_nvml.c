@@ -182,3 +182,56 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsign
 {
     return processes(device, count, infos, true);
 }
+
+/* What a node agent asks of each GPU beside its memory, answered as a GPU without MIG or
+ * utilization counters answers. */
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t device, char *name, unsigned int length)
+{
+    if (!ready())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !name)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (snprintf(name, length, "vcuda test GPU %d", device->index) >= (int)length)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor)
+{
+    if (!ready())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = 9;
+    *minor = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending)
+{
+    if (!ready())
+        return NVML_ERROR_UNINITIALIZED;
+    return valid(device) && current && pending ? NVML_ERROR_NOT_SUPPORTED
+                                               : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, void *utilization)
+{
+    if (!ready())
+        return NVML_ERROR_UNINITIALIZED;
+    return valid(device) && utilization ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+/* No process was busy in the window asked (NVML's answer then). */
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, void *samples,
+                                             unsigned int *count, unsigned long long since)
+{
+    (void)samples;
+    (void)since;
+    if (!ready())
+        return NVML_ERROR_UNINITIALIZED;
+    if (!valid(device) || !count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0;
+    return NVML_ERROR_NOT_FOUND;
+}

@@ -1,5 +1,6 @@
 """The real one-node cluster of ``scripts/cluster``, up once for these tests and down after
-them; skipped only where this machine cannot hold it (not root, no Go to build Kubernetes)."""
+them, with vcuda installed on it (``--with-vcuda device-plugin``) where podman can build its
+image; skipped only where this machine cannot hold it (not root, no Go to build Kubernetes)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.kube import Cluster
+from tests.podman import require_podman
 
 REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = REPO / "scripts" / "cluster"
@@ -30,15 +32,33 @@ def _missing() -> str | None:
 @pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
     """``scripts/cluster up`` once for tests/cluster; ``down`` after its last test, whatever
-    happened, so that the rest of the suite runs on a machine without it."""
+    happened, so that the rest of the suite runs on a machine without it. With
+    VCUDA_CLUSTER_KUBECONFIG set, the cluster already up of that admin kubeconfig (left up)."""
+    given = os.environ.get("VCUDA_CLUSTER_KUBECONFIG")
+    if given:
+        kubeconfig = Path(given)
+        handle = Cluster(kubeconfig, kubeconfig.parent / "bin" / "kubectl")
+        installed = handle.kubectl("get", "namespace", "vcuda-system").returncode == 0
+        yield Cluster(kubeconfig, handle.kubectl_path, installed)
+        return
     reason = _missing()
     if reason:
         pytest.skip(reason)
+    with_vcuda = shutil.which("podman") is not None
     try:
-        started = subprocess.run([str(_SCRIPT), "up"], stdout=subprocess.PIPE, text=True,
-                                 timeout=1800, check=False)
+        started = subprocess.run([str(_SCRIPT), "up", *(["--with-vcuda", "device-plugin"]
+                                                        if with_vcuda else [])],
+                                 stdout=subprocess.PIPE, text=True, timeout=1800, check=False)
         assert started.returncode == 0, f"scripts/cluster up failed:\n{started.stdout}"
         kubeconfig = Path(started.stdout.strip().splitlines()[-1])
-        yield Cluster(kubeconfig, kubeconfig.parent / "bin" / "kubectl")
+        yield Cluster(kubeconfig, kubeconfig.parent / "bin" / "kubectl", with_vcuda)
     finally:
         subprocess.run([str(_SCRIPT), "down"], timeout=300, check=False)
+
+
+@pytest.fixture(scope="package")
+def vcuda(cluster: Cluster) -> Cluster:
+    """The cluster, with vcuda installed on it as README "Install" says."""
+    if not cluster.with_vcuda:
+        require_podman("to build the image that vcuda is installed from")
+    return cluster

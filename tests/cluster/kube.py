@@ -10,10 +10,12 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Cluster:
-    """The cluster ``scripts/cluster up`` started: its admin kubeconfig and its kubectl."""
+    """The cluster ``scripts/cluster up`` started: its admin kubeconfig, its kubectl, whether
+    vcuda is installed on it."""
 
     kubeconfig: Path
     kubectl_path: Path
+    with_vcuda: bool = False
 
     def kubectl(self, *args: str, stdin: str | None = None,
                 timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -21,6 +23,16 @@ class Cluster:
         return subprocess.run([str(self.kubectl_path), "--kubeconfig", str(self.kubeconfig),
                                *args], input=stdin, capture_output=True, text=True,
                               timeout=timeout, check=False)
+
+    def as_token(self, token: str, *args: str,
+                 stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """kubectl ARGS as the holder of ``token`` (no admin certificate offered)."""
+        config = json.loads(self.kubeconfig.read_text())["clusters"][0]["cluster"]
+        return subprocess.run([str(self.kubectl_path), "--kubeconfig", "/dev/null", "--server",
+                               config["server"], "--certificate-authority",
+                               config["certificate-authority"], "--token", token, *args],
+                              input=stdin, capture_output=True, text=True, timeout=180,
+                              check=False)
 
     def ok(self, *args: str, stdin: str | None = None, timeout: float = 180) -> str:
         """kubectl ARGS that must succeed; its standard output."""

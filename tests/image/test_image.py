@@ -1,19 +1,11 @@
-"""The Dockerfile, built with podman on a Debian 12 root that mmdebstrap assembles from Debian's
-packages (no registry is reached), and each component of the image it gives checked inside it.
-
-A build that fails fails every test here. The build runs its stages as written
-(apt-get, pip from PyPI, make); it only trusts what this machine trusts
-(a proxy's CA, where there is one), mounted for the build and not kept.
-"""
+"""The Dockerfile, built with podman as tests/image/build.py builds it, and each component of
+the image it gives checked inside it. A build that fails fails every test here."""
 
 from __future__ import annotations
 
 import configparser
 import hashlib
-import os
 import re
-import shutil
-import ssl
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -21,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.image import build
 from tests.podman import LIMITS, PODMAN, require_podman
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = "localhost/vcuda-test-debian:bookworm"  # debian:bookworm-slim's equivalent
-_BUILD_CA = "/run/vcuda-build/ca.crt"
 
 
 def _console_scripts() -> list[str]:
@@ -35,40 +26,14 @@ def _console_scripts() -> list[str]:
     return [line.split("=")[0].strip() for line in lines]
 
 
-def _base_image(scratch: Path) -> str:
-    """Debian 12 minbase from Debian's packages, imported once as BASE."""
-    if subprocess.run(["podman", "image", "exists", BASE]).returncode == 0:
-        return BASE
-    assert shutil.which("mmdebstrap"), "mmdebstrap is missing: run scripts/setup"
-    tar = scratch / "bookworm.tar"
-    subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--format=tar", "bookworm",
-                    str(tar)], check=True, timeout=600)
-    subprocess.run(["podman", "import", "-q", str(tar), BASE], check=True, capture_output=True,
-                   timeout=300)
-    return BASE
-
-
-def _trust_mounts(scratch: Path) -> list[str]:
-    """Build-time mounts that make pip trust the CAs this machine trusts."""
-    paths = ssl.get_default_verify_paths()
-    bundle = os.path.realpath(paths.cafile or paths.openssl_cafile)
-    pip_conf = scratch / "pip.conf"
-    pip_conf.write_text(f"[global]\ncert = {_BUILD_CA}\n")
-    return ["--volume", f"{bundle}:{_BUILD_CA}:ro", "--volume", f"{pip_conf}:/etc/pip.conf:ro"]
-
-
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def image() -> Iterator[str]:
     require_podman("to build the image")
-    scratch = tmp_path_factory.mktemp("image")
     tag = f"localhost/vcuda-image-test:{uuid.uuid4().hex[:12]}"
-    build = subprocess.run(
-        [*PODMAN, "build", "--pull=never", "--network=host", *LIMITS, *_trust_mounts(scratch),
-         "--build-arg", f"BASE={_base_image(scratch)}", "--tag", tag, "--file",
-         str(ROOT / "Dockerfile"), str(ROOT)],
-        capture_output=True, text=True, timeout=1500)
-    assert build.returncode == 0, f"the image build failed:\n{build.stdout[-4000:]}" \
-                                  f"\n{build.stderr[-4000:]}"
+    try:
+        build.build(tag)
+    except build.BuildError as error:
+        pytest.fail(str(error))
     yield tag
     subprocess.run(["podman", "rmi", "--force", tag], capture_output=True, timeout=120)
 

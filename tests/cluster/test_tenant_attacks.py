@@ -1,0 +1,76 @@
+"""A tenant's attacks through the real API: a namespace user with the ``edit`` role in a
+namespace that Pod Security holds to ``baseline``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.kube import Cluster
+from tests.cri.images import BUSYBOX_IMAGE
+
+TENANT = "vcuda-tenant"
+SHARE = {"docker.com/vcuda-core": "50", "docker.com/vcuda-memory": "8"}
+
+
+class Tenant:
+    """kubectl as the tenant's service account (token only, no admin certificate)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.token = cluster.ok("create", "token", "tenant", "-n", TENANT).strip()
+
+    def kubectl(self, *args: str,
+                stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return self.cluster.as_token(self.token, "-n", TENANT, *args, stdin=stdin)
+
+
+@pytest.fixture(scope="module")
+def tenant(vcuda: Cluster) -> Iterator[Tenant]:
+    vcuda.ok("create", "namespace", TENANT)
+    try:
+        vcuda.ok("label", "namespace", TENANT, "pod-security.kubernetes.io/enforce=baseline")
+        vcuda.ok("create", "serviceaccount", "tenant", "-n", TENANT)
+        vcuda.ok("create", "rolebinding", "tenant-edit", "-n", TENANT, "--clusterrole=edit",
+                 f"--serviceaccount={TENANT}:tenant")
+        vcuda.ok("wait", "-n", TENANT, "serviceaccount/default", "--for=create",
+                 "--timeout=60s")
+        yield Tenant(vcuda)
+    finally:
+        vcuda.ok("delete", "namespace", TENANT, "--wait=true", timeout=300)
+
+
+def _pod(name: str, command: str) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                       "spec": {"restartPolicy": "Never", "containers": [{
+                           "name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                           "command": ["sh", "-c", command],
+                           "resources": {"limits": SHARE}}]}})
+
+
+def test_a_tenant_cannot_change_the_limits_of_its_running_pod(tenant: Tenant) -> None:
+    created = tenant.kubectl("apply", "-f", "-", stdin=_pod("victim", "sleep 3600"))
+    assert created.returncode == 0, created.stderr
+    waited = tenant.kubectl("wait", "pod/victim", "--for=condition=Ready", "--timeout=120s")
+    assert waited.returncode == 0, waited.stderr
+    for key in ("vcuda.io/limits", "vcuda.io/assigned-gpus"):
+        patch = json.dumps({"metadata": {"annotations": {key: '{"main":{"cores":100}}'}}})
+        result = tenant.kubectl("patch", "pod", "victim", "-p", patch)
+        assert result.returncode != 0, key
+        assert "denied the request" in result.stderr and key in result.stderr, result.stderr
+
+
+def test_a_pod_without_security_context_cannot_make_a_user_namespace(tenant: Tenant) -> None:
+    """RuntimeDefault (set by the webhook, checked by the hook) refuses unshare(CLONE_NEWUSER),
+    by which a process would get capabilities to unmount the limits."""
+    command = ("unshare -Urm true 2>/dev/null && echo unshared || echo refused; "
+               "test -s /etc/vcuda/limits && echo limited")
+    created = tenant.kubectl("apply", "-f", "-", stdin=_pod("escaper", command))
+    assert created.returncode == 0, created.stderr
+    waited = tenant.kubectl("wait", "pod/escaper", "--for=jsonpath={.status.phase}=Succeeded",
+                            "--timeout=120s")
+    assert waited.returncode == 0, waited.stderr
+    assert tenant.kubectl("logs", "escaper").stdout == "refused\nlimited\n"
