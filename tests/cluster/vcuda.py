@@ -3,8 +3,7 @@ a GPU: ``scripts/cluster up --with-vcuda device-plugin`` calls these.
 
 Real: vcuda's image (tests/image/build.py, podman), its manifests applied unchanged through
 an overlay that only names the image, the node labels, ``vcuda-node install`` on the node's
-containerd, and the upstream kube-scheduler of the vcuda-scheduler Deployment (its image
-holds the binary the cluster runs, since no registry is reached). Stand-ins
+containerd. Stand-ins
 (tests/cluster/node): NVIDIA's device plugin, NVIDIA's container runtime, the driver (the
 fake libcuda.so.1 and libnvidia-ml.so.1 of cshim/tests, two GPUs of different memory), and
 systemctl (no systemd runs this node).
@@ -16,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +32,6 @@ DRIVER_DIR = "/usr/local/vcuda-test-driver"  # the driver's files on the node
 DRIVER_STATE = "/run/vcuda-test-driver"  # the fake GPUs' shared state, on the node
 PROBE = "/usr/bin/vcuda-test-probe"  # in GPU containers: cshim/tests/probe.c
 NVIDIA_RUNTIME = "/usr/local/bin/nvidia-container-runtime"
-SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler"
 _LIBRARY_DIR = "/usr/lib/x86_64-linux-gnu" if os.uname().machine == "x86_64" \
     else f"/usr/lib/{os.uname().machine}-linux-gnu"
 _FAKES = {"libcuda.so.1": f"{_LIBRARY_DIR}/libcuda.so.1",
@@ -110,23 +107,6 @@ def device_plugin_command(python: Path) -> tuple[list[str], dict[str, str]]:
              "/var/lib/kubelet/device-plugins"], env)
 
 
-def scheduler_image(bin_dir: Path, work: Path) -> tuple[str, Path]:
-    """An image of the cluster's own kube-scheduler binary, as a docker archive."""
-    version = bin_dir.parent.name.split("-")[0]
-    tag = f"localhost/vcuda-test/kube-scheduler:v{version}"
-    tar = work / "kube-scheduler-root.tar"
-    with tarfile.open(tar, "w") as out:
-        for directory in ("usr", "usr/local", "usr/local/bin", "tmp"):
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if directory == "tmp" else 0o755
-            out.addfile(info)
-        out.add(bin_dir / "kube-scheduler", "usr/local/bin/kube-scheduler")
-    subprocess.run(["podman", "import", "-q", "--change", "ENV PATH=/usr/local/bin",
-                    str(tar), tag], check=True, capture_output=True, timeout=300)
-    tar.unlink()
-    return tag, save(tag, work)
-
-
 def save(tag: str, work: Path) -> Path:
     archive = work / (tag.rsplit("/", 1)[1].replace(":", "-") + ".tar")
     archive.unlink(missing_ok=True)
@@ -143,19 +123,16 @@ def import_images(ctr: Path, socket: Path, archives: list[Path]) -> None:
         archive.unlink()
 
 
-def overlay(work: Path, image: str, scheduler: str) -> Path:
-    """The tests' overlay of manifests/: the README's ``images:`` entry for vcuda's image, and
-    the upstream kube-scheduler image of the cluster's version (no registry is reached)."""
+def overlay(work: Path, image: str) -> Path:
+    """The tests' overlay of manifests/ (the device-plugin path): the README's ``images:``
+    entry for vcuda's image."""
     directory = work / "vcuda-overlay"
     directory.mkdir(parents=True, exist_ok=True)
     name, tag = image.rsplit(":", 1)
-    scheduler_name, scheduler_tag = scheduler.rsplit(":", 1)
     (directory / "kustomization.yaml").write_text(json.dumps({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": [os.path.relpath(REPO / "manifests", directory)],
-        "images": [{"name": "registry.invalid/vcuda/vcuda", "newName": name, "newTag": tag},
-                   {"name": SCHEDULER_IMAGE, "newName": scheduler_name,
-                    "newTag": scheduler_tag}],
+        "images": [{"name": "registry.invalid/vcuda/vcuda", "newName": name, "newTag": tag}],
     }, indent=1))
     return directory
 
@@ -172,12 +149,11 @@ def apply(kubectl: Kubectl, node: str, overlay_dir: Path) -> None:
 
 
 def wait_ready(kubectl: Kubectl, timeout: float = 600) -> None:
-    """Until every Deployment and DaemonSet of vcuda rolled out (the webhook's pods wait for
-    the Secret of the certificate Job, which deletes itself when done) and the Job set the
-    webhook configuration's caBundle."""
+    """Until every Deployment and DaemonSet of the device-plugin path rolled out (the
+    webhook's pods wait for the Secret of the certificate Job) and the Job set the webhook
+    configuration's caBundle."""
     deadline = time.monotonic() + timeout
-    for workload in ("deployment/vcuda-webhook", "deployment/vcuda-scheduler",
-                     "daemonset/vcuda-node"):
+    for workload in ("deployment/vcuda-webhook", "daemonset/vcuda-node"):
         left = max(int(deadline - time.monotonic()), 1)
         _ok(kubectl, "-n", NAMESPACE, "rollout", "status", workload, f"--timeout={left}s")
     left = max(int(deadline - time.monotonic()), 1)
