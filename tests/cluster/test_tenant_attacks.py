@@ -74,3 +74,51 @@ def test_a_pod_without_security_context_cannot_make_a_user_namespace(tenant: Ten
                             "--timeout=120s")
     assert waited.returncode == 0, waited.stderr
     assert tenant.kubectl("logs", "escaper").stdout == "refused\nlimited\n"
+
+
+def test_a_debug_container_gets_no_gpu_and_cannot_change_the_limits_of_its_target(
+        tenant: Tenant) -> None:
+    """``kubectl debug --target``: an ephemeral container in the limited container's process
+    namespace. The ``edit`` role may not add one (pods/ephemeralcontainers); one that a
+    namespace admin adds is not seen by the webhook and has no entry in the limits, so the
+    device plugin gave it no GPU and the hook leaves it alone, and the limited container's
+    files stay read-only even through ``/proc/1/root``."""
+    created = tenant.kubectl("apply", "-f", "-", stdin=_pod("debugged", "sleep 3600"))
+    assert created.returncode == 0, created.stderr
+    waited = tenant.kubectl("wait", "pod/debugged", "--for=condition=Ready", "--timeout=120s")
+    assert waited.returncode == 0, waited.stderr
+    before = tenant.kubectl("exec", "debugged", "-c", "main", "--", "cat", "/etc/vcuda/limits")
+    command = ("ls /var/run/nvidia-container-devices >/dev/null 2>&1 && echo has-gpu; "
+               "{ echo cores=100 > /proc/1/root/etc/vcuda/limits; } 2>/dev/null && echo wrote; "
+               "{ echo > /proc/1/root/etc/ld.so.preload; } 2>/dev/null && echo emptied; "
+               "head -n 1 /proc/1/root/etc/vcuda/limits")
+    debug = ("debug", "debugged", f"--image={BUSYBOX_IMAGE}", "--image-pull-policy=Never",
+             "--profile=baseline", "--target=main", "-c", "dbg", "--", "sh", "-c", command)
+    assert tenant.kubectl(*debug).returncode != 0  # edit does not cover ephemeral containers
+    assert "ephemeralContainers" not in tenant.cluster.get("pod", "debugged", "-n", TENANT)[
+        "spec"]
+    tenant.cluster.ok("-n", TENANT, *debug)  # as the namespace's admin
+    tenant.cluster.ok(
+        "wait", "-n", TENANT, "pod/debugged", "--timeout=120s",
+        "--for=jsonpath={.status.ephemeralContainerStatuses[0].state.terminated.reason}"
+        "=Completed")
+    assert tenant.kubectl("logs", "debugged", "-c", "dbg").stdout == "version=1\n"
+    after = tenant.kubectl("exec", "debugged", "-c", "main", "--", "cat", "/etc/vcuda/limits")
+    assert (after.returncode, after.stdout) == (0, before.stdout)
+
+
+def test_whole_gpus_of_vcudas_own_plugin_asked_for_directly_never_run(tenant: Tenant) -> None:
+    """``vcuda.io/gpu`` is per-GPU placement's resource; on this path no node has it, so the
+    scheduler keeps the pod Pending and says why."""
+    pod = json.loads(_pod("direct-whole", "true"))
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"vcuda.io/gpu": "1"}}
+    created = tenant.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    assert created.returncode == 0, created.stderr
+    waited = tenant.kubectl(
+        "wait", "pod/direct-whole", "--timeout=120s",
+        "--for=jsonpath={.status.conditions[?(@.type=='PodScheduled')].reason}=Unschedulable")
+    assert waited.returncode == 0, waited.stderr
+    events = tenant.kubectl("get", "events", "--field-selector",
+                            "involvedObject.name=direct-whole", "-o", "json")
+    messages = [e["message"] for e in json.loads(events.stdout)["items"]]
+    assert any("Insufficient vcuda.io/gpu" in m for m in messages), messages
