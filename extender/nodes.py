@@ -25,7 +25,7 @@ import msgspec
 from extender.errors import ExtenderError
 from extender.policy import unreadable
 from runtime_hook.contract import ENABLED_LABEL, INVENTORY_ANNOTATION, LEDGER_ANNOTATION
-from webhook.json_errors import why_refused
+from webhook.json_errors import DECODE_ERRORS, why_refused
 from webhook.kube import Kube, KubeError
 
 SELECTOR = f"{ENABLED_LABEL}=true"  # where vcuda's node DaemonSet runs
@@ -138,7 +138,7 @@ class NodeWatch:
         answer = await self._kube.read(_PATH, accept=_LIST_AS)
         try:
             listed = _decode_list(answer)
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        except DECODE_ERRORS:
             raise WatchError("the node list is not a NodeList: "
                              f"{why_refused(answer, _List, 'NodeList')}") from None
         before = self.view.replace([item.metadata for item in listed.items or ()],
@@ -163,7 +163,7 @@ class NodeWatch:
     def _apply(self, line: bytes) -> None:
         try:
             event = _decode_event(line)
-        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        except DECODE_ERRORS:
             raise WatchError("a node watch event is not JSON of an event: "
                              f"{why_refused(line, _Event, 'the event')}") from None
         meta = event.object.metadata

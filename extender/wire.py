@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from extender.errors import ExtenderError
-from webhook.json_errors import misfit, why_refused
+from webhook.json_errors import DECODE_ERRORS, misfit, why_refused
 
 
 class BadArguments(ExtenderError, ValueError):
@@ -106,7 +106,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
     """Read ExtenderArgs; raise BadArguments unless it has a pod and node names."""
     try:
         args = _decode_args(body)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+    except DECODE_ERRORS:
         why = why_refused(body, _ExtenderArgs, "ExtenderArgs")
         raise BadArguments(f"not ExtenderArgs: {why}") from None
     pod = args.pod if args.pod is not None else args.old_pod
@@ -139,7 +139,7 @@ def parse_binding(body: bytes) -> BindingArgs:
     """Read ExtenderBindingArgs; raise BadArguments naming a missing or wrong field."""
     try:
         sent = _decode_binding(body)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+    except DECODE_ERRORS:
         raise BadArguments("not ExtenderBindingArgs: "
                            f"{why_refused(body, _BindingArgs, 'ExtenderBindingArgs')}") from None
     args = BindingArgs(sent.pod_name or sent.old_pod_name,

@@ -22,7 +22,7 @@ from runtime_hook.contract import (
     resource_names,
 )
 from webhook.errors import WebhookError
-from webhook.json_errors import unreadable
+from webhook.json_errors import DECODE_ERRORS, unreadable
 from webhook.quantity import QuantityError, parse_whole_quantity
 
 _RESOURCE_NAME = re.compile(r"[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -156,7 +156,7 @@ def load_config(path: Path) -> Config:
         raise ConfigError(f"{path}: {exc.strerror}") from None
     try:
         values = msgspec.json.decode(data)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+    except DECODE_ERRORS:
         raise ConfigError(f"{path}: {unreadable(data)}") from None
     try:
         return config_from_mapping(values)

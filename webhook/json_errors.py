@@ -13,6 +13,9 @@ import msgspec
 import msgspec.inspect as mi
 
 _KEY_SHOWN = 60  # characters of a map key quoted in a path
+# What msgspec's decoders raise for a document they refuse (some versions raise the last two
+# themselves, for bytes that are no UTF-8 and for nesting past the interpreter's limit).
+DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 def unreadable(data: bytes) -> str:
@@ -36,7 +39,7 @@ def why_refused(data: bytes, typ: Any, name: str) -> str:
     """Why a typed decoder refused ``data`` as ``typ`` (called ``name`` in the message)."""
     try:
         value = msgspec.json.decode(data)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+    except DECODE_ERRORS:
         return f"it is {unreadable(data)}"
     return misfit(value, typ, name) or f"it does not have the shape of {name}"
 

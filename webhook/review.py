@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from webhook.errors import WebhookError
-from webhook.json_errors import misfit, unreadable
+from webhook.json_errors import DECODE_ERRORS, misfit, unreadable
 from webhook.pod import Pod
 from webhook.policy import Decision
 
@@ -84,7 +84,7 @@ def parse_review(body: bytes) -> ReviewRequest:
         raise BadReview(body_too_large(len(body)))
     try:
         review = _DECODER.decode(body)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+    except DECODE_ERRORS:
         return _parse_malformed(body)
     request, uid = _check_envelope(review.api_version, review.kind, review.request,
                                    review.request and review.request.uid)
@@ -127,7 +127,7 @@ def _parse_malformed(body: bytes) -> ReviewRequest:
     """
     try:
         review = msgspec.json.decode(body)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+    except DECODE_ERRORS:
         raise BadReview(f"body is {unreadable(body)}") from None
     if not isinstance(review, dict):
         raise BadReview("body is not a JSON object")

@@ -14,6 +14,7 @@ import pytest
 
 from tests.cluster.kube import Cluster
 from tests.podman import require_podman
+from tests.upstream import upstream_bin
 
 REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = REPO / "scripts" / "cluster"
@@ -22,9 +23,7 @@ _SCRIPT = REPO / "scripts" / "cluster"
 def _missing() -> str | None:
     if os.geteuid() != 0:
         return "the cluster's kubelet, cgroups and bridge need root"
-    built = subprocess.run([str(REPO / "scripts" / "build-upstream"), "--print"],
-                           capture_output=True, check=False).returncode == 0
-    if not built and not shutil.which("go"):
+    if upstream_bin() is None and not shutil.which("go"):
         return "Kubernetes is built from its Go modules: install Go (tests/cluster/upstream)"
     return None
 
