@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -159,6 +160,26 @@ def wait_ready(kubectl: Kubectl, timeout: float = 600) -> None:
     left = max(int(deadline - time.monotonic()), 1)
     _ok(kubectl, "wait", "mutatingwebhookconfiguration/vcuda-webhook", f"--timeout={left}s",
         "--for=jsonpath={.webhooks[0].clientConfig.caBundle}")
+    _wait_for_admission(kubectl, deadline)
+
+
+def _wait_for_admission(kubectl: Kubectl, deadline: float) -> None:
+    """Until the apiserver reaches the webhook through its Service: pods can be Ready a moment
+    before kube-proxy routes the Service's address to them (seen: connection refused)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as pod:
+        json.dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vcuda-probe"},
+                   "spec": {"containers": [{"name": "main", "image": "probe", "resources": {
+                       "limits": {"docker.com/vcuda-core": "10",
+                                  "docker.com/vcuda-memory": "1"}}}]}}, pod)
+        pod.flush()
+        while True:
+            result = kubectl("create", "--dry-run=server", "-f", pod.name)
+            if result.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise InstallError(f"the webhook is not reached through its Service: "
+                                   f"{result.stderr.strip()}")
+            time.sleep(1)
 
 
 def _ok(kubectl: Kubectl, *args: str) -> str:
