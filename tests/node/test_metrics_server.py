@@ -143,9 +143,11 @@ def test_when_every_connection_is_being_answered_a_new_one_is_closed_at_once(
     try:
         # Two connections whose heads are complete, held while they are answered.
         held = threading.Event()
+        answering = threading.Semaphore(0)
         app = server.get_app()
 
         def slow_app(environ: dict, start_response: object) -> list[bytes]:
+            answering.release()
             held.wait(10)
             return app(environ, start_response)  # type: ignore[no-any-return]
 
@@ -153,7 +155,9 @@ def test_when_every_connection_is_being_answered_a_new_one_is_closed_at_once(
         busy = [_connect(server.server_port) for _ in range(2)]
         for sock in busy:
             sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
-        assert _wait_for(lambda: server.connections() == 2, 2.0)
+        # Both heads read and being answered: open but still reading, one would
+        # rightly be closed to make room for the new connection.
+        assert all(answering.acquire(timeout=10) for _ in busy)
         with _connect(server.server_port) as extra:
             assert _closed_within(extra, 2.0) is not None
         held.set()
