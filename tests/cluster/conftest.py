@@ -45,8 +45,10 @@ def cluster() -> Iterator[Cluster]:
         pytest.skip(reason)
     with_vcuda = shutil.which("podman") is not None
     try:
-        started = subprocess.run([str(_SCRIPT), "up", *(["--with-vcuda", "device-plugin"]
-                                                        if with_vcuda else [])],
+        # VCUDA_KUBERNETES_VERSION (X.Y.Z) runs the suite on a release other than the default.
+        version = os.environ.get("VCUDA_KUBERNETES_VERSION")
+        started = subprocess.run([str(_SCRIPT), "up", *(["--version", version] if version else []),
+                                  *(["--with-vcuda", "device-plugin"] if with_vcuda else [])],
                                  stdout=subprocess.PIPE, text=True, timeout=1800, check=False)
         assert started.returncode == 0, f"scripts/cluster up failed:\n{started.stdout}"
         kubeconfig = Path(started.stdout.strip().splitlines()[-1])
