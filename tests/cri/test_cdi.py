@@ -144,7 +144,7 @@ _PREPARER = """
 import json, sys
 from runtime_hook.node.dra.prepare import Paths, Preparer
 paths = Paths("/", "/run/vcuda", "/var/run/cdi", "/usr/local/vcuda/lib/libvcuda.so", 16)
-preparer = Preparer(paths, pool="node-1", scaling=1.0)
+preparer = Preparer(paths, pool="node-1", sharing=Sharing())
 claim = json.loads(sys.argv[1])
 uid = claim["metadata"]["uid"]
 if sys.argv[2] == "prepare":

@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from runtime_hook.contract import MEMORY_UNIT, Gpu
+from runtime_hook.contract import MEMORY_UNIT, Gpu, Sharing
 from runtime_hook.limits_decision import Request, overcommit
 from runtime_hook.node.dra.allocation import shares
 from runtime_hook.node.dra.slices import GpuModel, device_name, memory_capacity, resource_slice
@@ -67,10 +67,11 @@ def test_more_than_a_gpu_has_breaks_the_policy_and_fits_nowhere() -> None:
 
 def test_thousands_of_claims_never_overfill_a_gpu_and_the_node_ledger_agrees() -> None:
     cluster = _cluster(nodes=4, per_node=4)
-    allocator = Allocator(resource_slice(node, gpus, 1.0, 1) for node, gpus in cluster.items())
+    allocator = Allocator(resource_slice(node, gpus, Sharing(), 1)
+                          for node, gpus in cluster.items())
     inventory = {node: {g.uuid: Gpu(g.uuid, g.index, g.memory) for g in gpus}
                  for node, gpus in cluster.items()}
-    offered = {node: {device_name(g.uuid): (g.uuid, memory_capacity(g.memory, 1.0))
+    offered = {node: {device_name(g.uuid): (g.uuid, memory_capacity(g.memory, Sharing()))
                       for g in gpus} for node, gpus in cluster.items()}
     memory = {g.uuid: 0 for gpus in cluster.values() for g in gpus}
     cores = dict.fromkeys(memory, 0)
@@ -116,7 +117,7 @@ def test_thousands_of_claims_never_overfill_a_gpu_and_the_node_ledger_agrees() -
         # The node ledger's check, given what the node committed, accepts every placement.
         committed = {gpu: (memory[gpu], cores[gpu]) for gpu in memory}
         request = Request(container="c", cores=share.cores, memory=share.memory)
-        assert overcommit(request, (share.uuid,), committed, inventory[node], 1.0) is None
+        assert overcommit(request, (share.uuid,), committed, inventory[node], Sharing()) is None
         memory[share.uuid] += share.memory
         cores[share.uuid] += share.cores
         assert memory[share.uuid] <= capacity and cores[share.uuid] <= 100

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from runtime_hook.contract import Sharing
 from runtime_hook.hook_cli import parse_args
 from runtime_hook.node import hook_files, install
 from tests.node.nodes import REPO, Node, make_node
@@ -455,7 +456,7 @@ def test_a_kernel_older_than_5_12_is_refused_before_anything_is_written(
     before = node.tree()
     options = install.Options(host_root=str(node.root), prefix=PREFIX, state_dir="/run/vcuda",
                               runtime="auto", library=str(library), node_config=None,
-                              memory_scaling=1.0, restart=True, kernel=release)
+                              sharing=Sharing(), restart=True, kernel=release)
     with pytest.raises(install.InstallError) as refused:
         install.install(options, logging.getLogger("test"))
     assert str(refused.value) == (
