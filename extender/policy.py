@@ -578,6 +578,8 @@ def _score(node: NodeGpus, demand: Demand, shared: GpuUse | None, whole: int,
 
 def _no_share_reason(node: NodeGpus, demand: Demand) -> str:
     wanted = f"no GPU has {demand.cores}% and {_gib(demand.memory)} free"
+    if any(g.gpu.sharers for g in node.gpus):
+        wanted += " and room for one more sharer"
     open_gpus = [g for g in node.gpus if not g.whole]
     if not open_gpus:
         return f"{wanted}: {'every GPU is given whole' if node.gpus else 'no GPU'}"

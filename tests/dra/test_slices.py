@@ -24,8 +24,10 @@ L4 = GpuModel(GPU1, 1, 23034 << 20, "NVIDIA L4", (8, 9))
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_slice_validates_strictly_against_the_kubernetes_schema(version: str) -> None:
-    body = resource_slice(NODE, [H100, L4], Sharing(), 3)
+@pytest.mark.parametrize("sharing", [Sharing(), Sharing(1.5, 1.2, 10)])
+def test_the_slice_validates_strictly_against_the_kubernetes_schema(
+        version: str, sharing: Sharing) -> None:
+    body = resource_slice(NODE, [H100, L4], sharing, 3)
     kubernetes_validate.validate(body, version, strict=True)
 
 
@@ -59,6 +61,19 @@ def test_each_gpu_is_a_shareable_device_with_cores_and_memory_in_their_steps() -
 def test_memory_scaling_multiplies_each_gpus_memory_before_rounding() -> None:
     [device] = resource_slice(NODE, [H100], Sharing(1.5), 1)["spec"]["devices"]
     assert device["capacity"]["memory"]["value"] == "120Gi"
+
+
+def test_cores_scaling_raises_the_cores_capacity_and_no_cap_means_no_sharers_capacity() -> None:
+    [device] = resource_slice(NODE, [H100], Sharing(cores_scaling=1.2), 1)["spec"]["devices"]
+    assert device["capacity"]["cores"] == {"value": "120", "requestPolicy": {
+        "default": "120", "validRange": {"min": "1", "max": "120", "step": "1"}}}
+    assert "sharers" not in device["capacity"]
+
+
+def test_max_sharers_is_a_capacity_of_which_every_claim_consumes_one() -> None:
+    [device] = resource_slice(NODE, [H100], Sharing(max_sharers=10), 1)["spec"]["devices"]
+    assert device["capacity"]["sharers"] == {
+        "value": "10", "requestPolicy": {"default": "1", "validValues": ["1"]}}
 
 
 def test_device_names_are_dns_labels_that_do_not_follow_the_index() -> None:

@@ -42,6 +42,12 @@ def test_each_gpu_gives_100_cores_and_its_memory_in_256_mib_units() -> None:
         "docker.com/vcuda-core": "200", "docker.com/vcuda-memory": "480"}
 
 
+def test_cores_scaling_advertises_that_many_more_cores_per_gpu() -> None:
+    gpus = [Gpu("GPU-a", 0, 16 * GIB), Gpu("GPU-b", 1, 16 * GIB)]
+    assert resources(gpus, ["docker.com"], Sharing(cores_scaling=1.5))[
+        "docker.com/vcuda-core"] == "300"
+
+
 def test_memory_scaling_multiplies_and_each_gpu_is_rounded_down_on_its_own() -> None:
     # 16 GiB less a byte is 63 whole units; two of them are 126, not 127.
     gpus = [Gpu("GPU-a", 0, 16 * GIB - 1), Gpu("GPU-b", 1, 16 * GIB - 1)]
