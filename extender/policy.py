@@ -197,7 +197,8 @@ class GpuUse:
         if self.whole:
             return f"GPU {self.gpu.index} is given whole"
         if self.full:
-            return (f"GPU {self.gpu.index} has {self.pods} sharers, the most its node allows "
+            return (f"GPU {self.gpu.index} has {self.pods} sharer{'s' if self.pods != 1 else ''}"
+                    ", the most its node allows "
                     "on one GPU")
         return (f"GPU {self.gpu.index} has {self.free_cores}% and {_gib(self.free_memory)} "
                 "free")

@@ -114,7 +114,8 @@ def overcommit(
         present = (sharers or {}).get(uuid, 0)
         if sharing.max_sharers and present >= sharing.max_sharers:
             return (
-                f"GPU {uuid} (index {gpu.index}) has {present} shared containers, the most "
+                f"GPU {uuid} (index {gpu.index}) has {present} shared "
+                f"container{'s' if present != 1 else ''}, the most "
                 f"this node allows on one GPU (--max-sharers {sharing.max_sharers})"
             )
     return None
