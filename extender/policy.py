@@ -170,8 +170,8 @@ class GpuUse:
     """One GPU of a node and what is given out on it; what placing a pod reads of it is worked
     out once, as a node's GPUs are asked about pod after pod."""
 
-    __slots__ = ("cores", "filled", "free_cores", "free_memory", "gpu", "idle", "memory",
-                 "pods", "whole")
+    __slots__ = ("cores", "filled", "free_cores", "free_memory", "full", "gpu", "idle",
+                 "memory", "pods", "whole")
 
     def __init__(self, gpu: Gpu, cores: int = 0, memory: int = 0, whole: bool = False,
                  pods: int = 0) -> None:
@@ -180,8 +180,9 @@ class GpuUse:
         self.memory = memory  # bytes given to shared containers
         self.whole = whole  # given whole to one pod
         self.pods = pods
-        self.free_cores = 0 if whole else CORES_PER_GPU - cores
+        self.free_cores = 0 if whole else gpu.cores - cores
         self.free_memory = 0 if whole else max(gpu.memory - memory, 0)
+        self.full = bool(gpu.sharers) and pods >= gpu.sharers  # no room for one more sharer
         self.idle = not whole and pods == 0  # nothing on it: it may be given whole
         self.filled = self.fill()
 
@@ -190,11 +191,15 @@ class GpuUse:
         if self.whole:
             return 1.0
         by_memory = (self.memory + memory) / self.gpu.memory if self.gpu.memory else 1.0
-        return max((self.cores + cores) / CORES_PER_GPU, by_memory)
+        return max((self.cores + cores) / self.gpu.cores, by_memory)
 
     def describe(self) -> str:
         if self.whole:
             return f"GPU {self.gpu.index} is given whole"
+        if self.full:
+            return (f"GPU {self.gpu.index} has {self.pods} sharer{'s' if self.pods != 1 else ''}"
+                    ", the most its node allows "
+                    "on one GPU")
         return (f"GPU {self.gpu.index} has {self.free_cores}% and {_gib(self.free_memory)} "
                 "free")
 
@@ -212,7 +217,8 @@ class NodeGpus:
 
     def largest_free_block(self) -> int:
         """Memory of the GPU with the most free memory for a new share: fragmentation's measure."""
-        return max((g.free_memory for g in self.gpus if g.free_cores > 0), default=0)
+        return max((g.free_memory for g in self.gpus if g.free_cores > 0 and not g.full),
+                   default=0)
 
 
 # Why a node can take no vcuda pod at all (an Unfit that is final): the causes metrics count.
@@ -529,8 +535,8 @@ def place(node: NodeGpus, demand: Demand, strategy: str = "binpack",
     idle = node.idle
     shared: GpuUse | None = None
     if demand.cores:
-        fits = [g for g in node.gpus
-                if g.free_cores >= demand.cores and g.free_memory >= demand.memory]
+        fits = [g for g in node.gpus if not g.full
+                and g.free_cores >= demand.cores and g.free_memory >= demand.memory]
         if demand.whole and len(idle) <= demand.whole:
             fits = [g for g in fits if not g.idle]  # leave the idle GPUs to the whole part
         if not fits:
@@ -573,6 +579,8 @@ def _score(node: NodeGpus, demand: Demand, shared: GpuUse | None, whole: int,
 
 def _no_share_reason(node: NodeGpus, demand: Demand) -> str:
     wanted = f"no GPU has {demand.cores}% and {_gib(demand.memory)} free"
+    if any(g.gpu.sharers for g in node.gpus):
+        wanted += " and room for one more sharer"
     open_gpus = [g for g in node.gpus if not g.whole]
     if not open_gpus:
         return f"{wanted}: {'every GPU is given whole' if node.gpus else 'no GPU'}"

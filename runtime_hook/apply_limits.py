@@ -62,9 +62,14 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
         if gone:
             log.info(f"released containers that are gone: {', '.join(gone)}")
         if inventory is not None:
-            committed = ledger.committed(ledger.entries(state))
+            records = ledger.entries(state)
             reason = overcommit(
-                request, devices.for_ledger, committed, inventory, flags.memory_scaling
+                request,
+                devices.for_ledger,
+                ledger.committed(records),
+                inventory,
+                flags.sharing,
+                ledger.sharers(records),
             )
             if reason:
                 raise HookError(reason, _FIX_OVERCOMMIT)

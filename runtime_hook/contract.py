@@ -86,6 +86,8 @@ SHARE_MIN, SHARE_MAX = 1, 99  # vcuda-core of a shared GPU
 SHARES = f"{SHARE_MIN}..{SHARE_MAX}"  # the range as messages write it
 MEMORY_UNIT = 256 << 20  # bytes in one vcuda-memory unit
 MEMORY_SCALING_MAX = 100.0  # --memory-scaling of the hook and the node agent is in (0, 100]
+CORES_SCALING_MAX = 10.0  # --cores-scaling is in [1, 10]: shares of one GPU add up to 1000% at most
+MAX_SHARERS = 1000  # --max-sharers is in 0..1000 (0: no cap)
 # 1 PiB: more than any GPU has, scaled; a larger figure that a node or pod publishes is malformed.
 MAX_GPU_MEMORY = 1 << 50
 
@@ -126,6 +128,63 @@ def memory_scaling(text: str) -> float:
     if not 0 < value <= MEMORY_SCALING_MAX:
         raise ContractError(f"{text!r} is not a number in (0, {MEMORY_SCALING_MAX:g}], e.g. 1.5")
     return value
+
+
+def cores_scaling(text: str) -> float:
+    """Parse a ``--cores-scaling`` value: how far the shares of one GPU's time may add up past
+    100 percent, [1, 10]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 1 <= value <= CORES_SCALING_MAX:
+        raise ContractError(f"{text!r} is not a number in [1, {CORES_SCALING_MAX:g}], e.g. 1.5")
+    return value
+
+
+def max_sharers(text: str) -> int:
+    """Parse a ``--max-sharers`` value: the most shared containers on one GPU, 0 for no cap."""
+    if not (text.isascii() and text.isdigit() and int(text) <= MAX_SHARERS):
+        raise ContractError(f"{text!r} is not a whole number in 0..{MAX_SHARERS} "
+                            "(0: no cap), e.g. 10")
+    return int(text)
+
+
+class Sharing(Record):
+    """A node's settings for shared GPUs, the same in the hook and the node agent.
+
+    ``memory_scaling``: each GPU's memory given out is its total times this; ``cores_scaling``:
+    the shares of one GPU's time may add up to 100 percent times this; ``max_sharers``: the
+    most shared containers (or DRA claims) on one GPU, 0 for no cap.
+    """
+
+    _fields = ("memory_scaling", "cores_scaling", "max_sharers")
+    __slots__ = _fields
+    _defaults = (1.0, 1.0, 0)
+    memory_scaling: float
+    cores_scaling: float
+    max_sharers: int
+
+    def memory(self, total: int) -> int:
+        """Bytes a GPU of ``total`` bytes gives out to shared containers."""
+        return int(total * self.memory_scaling)
+
+    def cores(self) -> int:
+        """Percent of one GPU's time that its shares may add up to."""
+        return round(CORES_PER_GPU * self.cores_scaling)
+
+    def flags(self) -> list[str]:
+        """The command-line flags (of the hook, of ``vcuda-node run``) that differ from the
+        defaults."""
+        found = []
+        for flag, value, default in (
+            ("--memory-scaling", self.memory_scaling, 1.0),
+            ("--cores-scaling", self.cores_scaling, 1.0),
+            ("--max-sharers", self.max_sharers, 0),
+        ):
+            if value != default:
+                found += [flag, f"{value:g}"]
+        return found
 
 
 def number_flag(
@@ -388,13 +447,18 @@ class InventoryError(ContractError):
 
 
 class Gpu(Record):
-    """One GPU of the node: its UUID, its index, its total memory in bytes."""
+    """One GPU of the node: its UUID, its index, its total memory in bytes; as published for
+    placement also the percent of its time its shares may add up to (``cores``) and the most
+    shared containers it takes (``sharers``, 0: no cap)."""
 
-    _fields = ("uuid", "index", "memory")
+    _fields = ("uuid", "index", "memory", "cores", "sharers")
     __slots__ = _fields
+    _defaults = (CORES_PER_GPU, 0)
     uuid: str
     index: int
     memory: int
+    cores: int
+    sharers: int
 
 
 def write_inventory(path: str, gpus: list[Gpu]) -> None:

@@ -17,6 +17,8 @@ TYPE_CHECKING = False  # typing's, without importing typing (the hook's start-up
 if TYPE_CHECKING:
     from typing import Any
 
+    from runtime_hook.contract import Sharing
+
 DEFAULT_STATE_DIR = "/run/vcuda"
 DEFAULT_LIBRARY = "/usr/local/vcuda/lib/libvcuda.so"
 STAGES = ("prestart", "poststop")
@@ -50,6 +52,18 @@ def _memory_scaling(text: str) -> float:
     return memory_scaling(text)
 
 
+def _cores_scaling(text: str) -> float:
+    from runtime_hook.contract import cores_scaling
+
+    return cores_scaling(text)
+
+
+def _max_sharers(text: str) -> int:
+    from runtime_hook.contract import max_sharers
+
+    return max_sharers(text)
+
+
 def _level(text: str) -> str:
     if text not in LEVELS:
         raise ValueError(f"{text!r} is not one of {', '.join(LEVELS)}")
@@ -79,6 +93,19 @@ _OPTIONS: dict[str, tuple] = {
         1.0,
         "share of each GPU's memory that limited containers may commit, 1.5 to overcommit",
     ),
+    "--cores-scaling": (
+        "cores_scaling",
+        _cores_scaling,
+        1.0,
+        "the cores of the containers sharing one GPU may add up to 100 times this, "
+        "1.5 to overcommit (busy containers then split the GPU's time); 1 to 10",
+    ),
+    "--max-sharers": (
+        "max_sharers",
+        _max_sharers,
+        0,
+        "the most limited containers on one GPU, 0 for no cap",
+    ),
     "--account-mib": ("account_mib", _positive, 4, "size of each container's /run/vcuda tmpfs"),
     "--log-file": (
         "log_file",
@@ -99,9 +126,18 @@ class Flags:
         self.library: str = values["library"]
         self._inventory: str | None = values["inventory"]
         self.memory_scaling: float = values["memory_scaling"]
+        self.cores_scaling: float = values["cores_scaling"]
+        self.max_sharers: int = values["max_sharers"]
         self.account_mib: int = values["account_mib"]
         self.log_file: str = values["log_file"] or os.path.join(self.state_dir, "hook.log")
         self.log_level: str = values["log_level"]
+
+    @property
+    def sharing(self) -> Sharing:
+        """The node's settings for shared GPUs, as the flags give them."""
+        from runtime_hook.contract import Sharing
+
+        return Sharing(self.memory_scaling, self.cores_scaling, self.max_sharers)
 
     @property
     def inventory(self) -> str:

@@ -115,3 +115,12 @@ def committed(records: list[Entry]) -> dict[str, tuple[int, int]]:
             memory, cores = total.get(uuid, (0, 0))
             total[uuid] = (memory + entry.memory, cores + entry.cores)
     return total
+
+
+def sharers(records: list[Entry]) -> dict[str, int]:
+    """Count the limited containers (and DRA claims) on each GPU UUID."""
+    total: dict[str, int] = {}
+    for entry in records:
+        for uuid in entry.devices:
+            total[uuid] = total.get(uuid, 0) + 1
+    return total

@@ -10,7 +10,7 @@ from __future__ import annotations
 # already; importing collections.abc would load all of collections (2 ms).
 from _collections_abc import Iterable, Mapping
 
-from runtime_hook.contract import LIMITS_ANNOTATION, ContractError, Gpu, container_limits
+from runtime_hook.contract import LIMITS_ANNOTATION, ContractError, Gpu, Sharing, container_limits
 from runtime_hook.hook_errors import HookError
 from runtime_hook.record import Record
 
@@ -85,28 +85,38 @@ def overcommit(
     devices: Iterable[str],
     committed: Mapping[str, tuple[int, int]],
     inventory: Mapping[str, Gpu],
-    scaling: float,
+    sharing: Sharing,
+    sharers: Mapping[str, int] | None = None,
 ) -> str | None:
     """Return why ``request`` more on each of ``devices`` does not fit, or None when it fits.
 
-    ``committed`` is the (memory, cores) already promised per GPU UUID; a GPU
-    may give out its total memory times ``scaling`` and 100 percent of its
-    time. Every device must be in ``inventory`` (the caller has made sure).
+    ``committed`` is the (memory, cores) already promised per GPU UUID, ``sharers`` the
+    shared containers already on each; a GPU may give out its total memory times the
+    memory scaling, its time times the cores scaling, and room for at most ``max_sharers``
+    containers (0: no cap). Every device must be in ``inventory`` (the caller has made sure).
     """
+    cores_capacity = sharing.cores()
     for uuid in devices:
         gpu = inventory[uuid]
         memory, cores = committed.get(uuid, (0, 0))
-        capacity = int(gpu.memory * scaling)
+        capacity = sharing.memory(gpu.memory)
         free = max(capacity - memory, 0)
         if request.memory > free:
             return (
                 f"GPU {uuid} (index {gpu.index}) has {_gib(free)} free of {_gib(capacity)} "
                 f"for shared containers, and this container asks for {_gib(request.memory)}"
             )
-        if request.cores > 100 - cores:
+        if request.cores > cores_capacity - cores:
             return (
-                f"GPU {uuid} (index {gpu.index}) has {max(100 - cores, 0)}% of its time free "
-                f"for shared containers, and this container asks for {request.cores}%"
+                f"GPU {uuid} (index {gpu.index}) has {max(cores_capacity - cores, 0)}% of its "
+                f"time free for shared containers, and this container asks for {request.cores}%"
+            )
+        present = (sharers or {}).get(uuid, 0)
+        if sharing.max_sharers and present >= sharing.max_sharers:
+            return (
+                f"GPU {uuid} (index {gpu.index}) has {present} shared "
+                f"container{'s' if present != 1 else ''}, the most "
+                f"this node allows on one GPU (--max-sharers {sharing.max_sharers})"
             )
     return None
 

@@ -9,8 +9,10 @@ Three annotations, all JSON, all written by vcuda only:
        "gpus": [{"uuid": "GPU-5c3d...", "index": 0, "memory": 85899345920}, ...]}
 
   ``memory`` is what shared containers may commit on that GPU (its total times the
-  agent's memory scaling). A heartbeat older than the extender's limit makes the node
-  unschedulable for vcuda pods.
+  agent's memory scaling); ``cores``, written only when it is not 100, the percent of
+  its time their shares may add up to (100 times the cores scaling); ``sharers``,
+  written only with a cap, the most shared containers it takes. A heartbeat older than
+  the extender's limit makes the node unschedulable for vcuda pods.
 - ``vcuda.io/gpu-ledger`` on a Node, by the scheduler extender at bind (each write
   conditional on the Node's resourceVersion) and pruned by the node agent when pods end::
 
@@ -29,8 +31,10 @@ or hostile node must not cost every reader (the scheduler extender reads all nod
 :data:`MAX_LEDGER_CHARS` in a ledger (the API server's limit for all of an object's
 annotations), UUIDs of 1..:data:`MAX_UUID_CHARS` printable ASCII characters, GPU memory and a
 share's bytes at most :data:`~runtime_hook.contract.MAX_GPU_MEMORY`, shared cores in
-``SHARE_MIN..SHARE_MAX``, indices below :data:`MAX_GPUS`, times (``heartbeat``, ``at``) below
-:data:`MAX_SECONDS`. Anything else is malformed: the value is refused whole, with its reason.
+``SHARE_MIN..SHARE_MAX``, a GPU's cores in 100..1000 and its sharers in
+0..:data:`~runtime_hook.contract.MAX_SHARERS`, indices below :data:`MAX_GPUS`, times
+(``heartbeat``, ``at``) below :data:`MAX_SECONDS`. Anything else is malformed: the value is
+refused whole, with its reason.
 
 Standard library only: the OCI hook may import it.
 """
@@ -41,9 +45,12 @@ import json
 
 from runtime_hook.contract import (
     ASSIGNMENT_ANNOTATION,
+    CORES_PER_GPU,
+    CORES_SCALING_MAX,
     INVENTORY_ANNOTATION,
     LEDGER_ANNOTATION,
     MAX_GPU_MEMORY,
+    MAX_SHARERS,
     SHARE_MAX,
     SHARE_MIN,
     ContractError,
@@ -64,6 +71,7 @@ MAX_LEDGER_CHARS = 256 << 10  # the API server's limit for all of an object's an
 MAX_ASSIGNMENT_CHARS = 64 << 10
 MAX_POD_CHARS = 317  # a namespace (63), "/" and a pod name (253)
 MAX_SECONDS = 1 << 40  # Unix seconds: the year 36812
+_MAX_CORES = round(CORES_PER_GPU * CORES_SCALING_MAX)
 
 
 class PlacementError(ContractError):
@@ -113,9 +121,17 @@ class Entry(Record):
 def encode_inventory(gpus: list[Gpu], heartbeat: int) -> str:
     """The value of :data:`INVENTORY_ANNOTATION` for ``gpus`` at ``heartbeat``."""
     return json.dumps({"version": FORMAT_VERSION, "heartbeat": int(heartbeat),
-                       "gpus": [{"uuid": g.uuid, "index": g.index, "memory": g.memory}
-                                for g in sorted(gpus, key=lambda g: g.index)]},
+                       "gpus": [_gpu_json(g) for g in sorted(gpus, key=lambda g: g.index)]},
                       separators=(",", ":"))
+
+
+def _gpu_json(gpu: Gpu) -> dict:
+    body: dict = {"uuid": gpu.uuid, "index": gpu.index, "memory": gpu.memory}
+    if gpu.cores != CORES_PER_GPU:
+        body["cores"] = gpu.cores
+    if gpu.sharers:
+        body["sharers"] = gpu.sharers
+    return body
 
 
 def decode_inventory(text: str) -> Inventory:
@@ -137,7 +153,10 @@ def decode_inventory(text: str) -> Inventory:
                 raise ValueError(f"GPU {uuid} is listed twice")
             seen.add(uuid)
             gpus.append(Gpu(uuid, _bounded(item["index"], 0, MAX_GPUS - 1, "index"),
-                            _bounded(item["memory"], 0, MAX_GPU_MEMORY, "memory")))
+                            _bounded(item["memory"], 0, MAX_GPU_MEMORY, "memory"),
+                            _bounded(item.get("cores", CORES_PER_GPU), CORES_PER_GPU,
+                                     _MAX_CORES, "cores"),
+                            _bounded(item.get("sharers", 0), 0, MAX_SHARERS, "sharers")))
     except KeyError as exc:
         raise PlacementError(f"{INVENTORY_ANNOTATION} is malformed: {exc} is missing") from None
     except ValueError as exc:

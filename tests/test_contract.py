@@ -14,9 +14,12 @@ from runtime_hook.contract import (
     ContractError,
     Limits,
     LimitsFormatError,
+    Sharing,
     check_domains,
     container_limits,
+    cores_scaling,
     is_dns_subdomain,
+    max_sharers,
     memory_scaling,
     number_flag,
     parse_limits,
@@ -101,6 +104,37 @@ def test_memory_scaling_takes_a_number_in_0_to_100(text: str, value: float) -> N
 def test_memory_scaling_outside_0_to_100_is_refused(text: str) -> None:
     with pytest.raises(ContractError, match=f"{text!r} is not a number in \\(0, 100\\], e.g. 1.5"):
         memory_scaling(text)
+
+
+@pytest.mark.parametrize(("text", "value"), [("1", 1.0), ("1.2", 1.2), ("10", 10.0)])
+def test_cores_scaling_takes_a_number_in_1_to_10(text: str, value: float) -> None:
+    assert cores_scaling(text) == value
+
+
+@pytest.mark.parametrize("text", ["0.5", "0", "10.5", "lots", "", "nan", "inf"])
+def test_cores_scaling_outside_1_to_10_is_refused(text: str) -> None:
+    with pytest.raises(ContractError, match=f"{text!r} is not a number in \\[1, 10\\], e.g. 1.5"):
+        cores_scaling(text)
+
+
+@pytest.mark.parametrize(("text", "value"), [("0", 0), ("10", 10), ("1000", 1000)])
+def test_max_sharers_takes_a_whole_number_up_to_1000(text: str, value: int) -> None:
+    assert max_sharers(text) == value
+
+
+@pytest.mark.parametrize("text", ["-1", "1001", "2.5", "ten", "", " 3", "٣"])
+def test_max_sharers_that_is_no_whole_number_up_to_1000_is_refused(text: str) -> None:
+    with pytest.raises(ContractError, match=r"is not a whole number in 0..1000 \(0: no cap\)"):
+        max_sharers(text)
+
+
+def test_sharing_gives_the_scaled_capacities_and_only_the_flags_that_differ() -> None:
+    assert Sharing().flags() == []
+    assert (Sharing().memory(80 * 2**30), Sharing().cores()) == (80 * 2**30, 100)
+    sharing = Sharing(1.5, 1.2, 10)
+    assert (sharing.memory(2**30), sharing.cores()) == (3 * 2**29, 120)
+    assert sharing.flags() == ["--memory-scaling", "1.5", "--cores-scaling", "1.2",
+                               "--max-sharers", "10"]
 
 
 @pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "0", "-1", "", "x"])

@@ -13,7 +13,9 @@
 //   kind K streams S kernels N seconds T rate R window_min A window_max B all M
 // R is kernels a second until all of them completed; A and B, the lowest and
 // highest rate over the 2-second windows inside the measurement; M, the
-// kernels launched, warm-up included.
+// kernels launched, warm-up included. With $PACING_LOAD_TRACE set, the
+// checkpoints go to that file too, a line each: wall-clock seconds and the
+// kernels counted by then (what a caller cuts into phases of its own).
 #include <dlfcn.h>
 
 #include <chrono>
@@ -158,6 +160,7 @@ int main(int argc, char **argv)
     double start_at = argc > 4 ? std::atof(argv[4]) : 0;
     double wall_now = std::chrono::duration<double>(
                           std::chrono::system_clock::now().time_since_epoch()).count();
+    double to_wall = wall_now - now_s();  // the trace's times are wall-clock seconds
     double warm_until = now_s() + (start_at > wall_now ? start_at - wall_now : 0.5);
     double start = 0, stop = 0;
     long counted_from = 0, i = 0;
@@ -198,6 +201,17 @@ int main(int argc, char **argv)
     }
     if (high == 0)
         low = high = kernels / elapsed;
+    const char *trace = std::getenv("PACING_LOAD_TRACE");
+    if (trace) {
+        FILE *out = std::fopen(trace, "w");
+        if (!out) {
+            std::fprintf(stderr, "pacing_load: cannot write %s\n", trace);
+            return 1;
+        }
+        for (auto &c : checkpoints)
+            std::fprintf(out, "%.6f %ld\n", c.first + to_wall, c.second);
+        std::fclose(out);
+    }
     std::printf("kind %s streams %d kernels %ld seconds %.3f rate %.2f window_min %.2f "
                 "window_max %.2f all %ld\n", argv[1], l.nstreams, kernels, elapsed, kernels / elapsed,
                 low, high, i);

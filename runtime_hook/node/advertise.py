@@ -19,11 +19,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from runtime_hook.contract import (
-    CORES_PER_GPU,
     MAX_GPU_MEMORY_ANNOTATION,
     MEMORY_UNIT,
     Gpu,
     InventoryError,
+    Sharing,
     is_mig,
     pointer_token,
     read_inventory,
@@ -44,11 +44,11 @@ class AdvertiseError(NodeError, RuntimeError):
     """The node's status cannot be read or written; the message says why and what to do."""
 
 
-def resources(gpus: Iterable[Gpu], domains: Iterable[str], scaling: float) -> dict[str, str]:
+def resources(gpus: Iterable[Gpu], domains: Iterable[str], sharing: Sharing) -> dict[str, str]:
     """The extended resources ``gpus`` give, as the quantities (strings) of a node's status."""
     gpus = list(gpus)
-    cores = CORES_PER_GPU * len(gpus)
-    memory = sum(int(gpu.memory * scaling) // MEMORY_UNIT for gpu in gpus)
+    cores = sharing.cores() * len(gpus)
+    memory = sum(sharing.memory(gpu.memory) // MEMORY_UNIT for gpu in gpus)
     found = {}
     for domain in domains:
         core, memory_name = resource_names(domain)

@@ -7,7 +7,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
-from runtime_hook.contract import INVENTORY_NAME, Gpu
+from runtime_hook.contract import INVENTORY_NAME, Gpu, Sharing
 from runtime_hook.node.host_root import host_path
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.node.metrics import NodeCollector, serve
@@ -30,7 +30,7 @@ class Settings(NamedTuple):
     state_dir: str
     node: str
     domains: tuple[str, ...]
-    memory_scaling: float
+    sharing: Sharing
     address: str
     port: int
     interval: float
@@ -101,14 +101,14 @@ class Advertiser:
         )
 
         settings = self._settings
-        wanted = resources(gpus, settings.domains, settings.memory_scaling)
+        wanted = resources(gpus, settings.domains, settings.sharing)
         try:
             node = status.read()
             operations = status_patch(node, wanted)
             if operations:
                 status.patch(operations)
                 event(self._log, logging.INFO, "advertised", node=settings.node, resources=wanted)
-            largest = largest_share_change(node, gpus, settings.memory_scaling)
+            largest = largest_share_change(node, gpus, settings.sharing.memory_scaling)
             if largest is not None:
                 status.annotate(largest)
                 event(self._log, logging.INFO, "largest_share_published", node=settings.node,
@@ -134,7 +134,7 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
         from runtime_hook.node.dra.kube import DraApi
 
         driver = dra.Driver(settings.dra, settings.node, settings.host_root, settings.state_dir,
-                        settings.memory_scaling, DraApi(settings.kubeconfig), log)
+                        settings.sharing, DraApi(settings.kubeconfig), log)
     nvml = nvml or Nvml(host_root=settings.host_root)
     observer = Observer(nvml, Problems(log, "metrics"), settings.host_root, settings.state_dir,
                         tuple(settings.run_dirs))
@@ -152,8 +152,7 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
         while not stop.is_set():
             gpus = advertiser.once()
             if placement is not None:
-                placement.once(None if gpus is None else [
-                    Gpu(g.uuid, g.index, int(g.memory * settings.memory_scaling)) for g in gpus])
+                placement.once(None if gpus is None else published(gpus, settings.sharing))
             stop.wait(settings.interval)
     finally:
         if placement is not None:
@@ -165,6 +164,12 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
         thread.join()
         nvml.close()
         event(log, logging.INFO, "stopped")
+
+
+def published(gpus: list[Gpu], sharing: Sharing) -> list[Gpu]:
+    """``gpus`` as placement sees them: what each gives out to shared containers."""
+    return [Gpu(g.uuid, g.index, sharing.memory(g.memory), sharing.cores(), sharing.max_sharers)
+            for g in gpus]
 
 
 def _placement(settings: Settings, status: NodeStatus, log: logging.Logger) -> Placement:

@@ -9,13 +9,17 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runtime_hook.contract import (
     DEFAULT_DOMAINS,
     INVENTORY_NAME,
     ContractError,
+    Sharing,
     check_domains,
+    cores_scaling,
+    max_sharers,
     memory_scaling,
     number_flag,
     version_flag,
@@ -65,11 +69,34 @@ example, on a GPU machine without Kubernetes (commands started by vcuda-run):
 """
 
 
-def _scaling(text: str) -> float:
-    try:
-        return memory_scaling(text)
-    except ContractError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` (one of the contract's) as an argparse type: its ContractError is argparse's."""
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ContractError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _sharing_flags(parser: argparse.ArgumentParser, memory_help: str) -> None:
+    """The node's settings for shared GPUs; install and run must be given the same values."""
+    parser.add_argument("--memory-scaling", type=_argparse_type(memory_scaling), default=1.0,
+                        metavar="X", help=memory_help)
+    parser.add_argument("--cores-scaling", type=_argparse_type(cores_scaling), default=1.0,
+                        metavar="S", help="the shares of one GPU's time may add up to 100 x S "
+                        "percent, 1 to 10: overcommit, where busy containers split the GPU's "
+                        "time (default: 1)")
+    parser.add_argument("--max-sharers", type=_argparse_type(max_sharers), default=0,
+                        metavar="K", help="the most limited containers (or DRA claims) on one "
+                        "GPU, 0 for no cap (default: 0)")
+
+
+def _sharing(args: argparse.Namespace) -> Sharing:
+    return Sharing(args.memory_scaling, args.cores_scaling, args.max_sharers)
 
 
 def _mib(text: str) -> int:
@@ -130,9 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     install.add_argument("--node-config", metavar="DIR",
                          help="manifests/node, whose files configure the runtime (default: "
                               "this checkout's, else the image's /usr/local/share/vcuda/node)")
-    install.add_argument("--memory-scaling", type=_scaling, default=1.0, metavar="X",
-                         help="share of each GPU's memory the hook lets limited containers "
-                              "commit; give run the same value (default: 1)")
+    _sharing_flags(install, "share of each GPU's memory the hook lets limited containers "
+                   "commit; give run the same value, and the same --cores-scaling and "
+                   "--max-sharers (default: 1)")
     install.add_argument("--restart-runtime", **restart)
 
     uninstall = commands.add_parser("uninstall", help="remove what install wrote",
@@ -161,9 +188,8 @@ def _parser() -> argparse.ArgumentParser:
                             f"{DEFAULT_DOMAINS[0]}, to which it moves the others it accepts); "
                             "repeatable, but each domain gets every GPU: a node given two "
                             "can be filled twice")
-    agent.add_argument("--memory-scaling", type=_scaling, default=1.0, metavar="X",
-                       help="advertise each GPU's memory times X, as install gave the hook "
-                            "(default: 1)")
+    _sharing_flags(agent, "advertise each GPU's memory times X, as install gave the hook "
+                   "(default: 1)")
     agent.add_argument("--address", default="0.0.0.0", help="metrics address (default: all)")
     agent.add_argument("--port", type=_port, default=DEFAULT_PORT,
                        help=f"metrics port (default: {DEFAULT_PORT})")
@@ -223,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         runtime=getattr(args, "runtime", "none"),
         library=getattr(args, "library", None),
         node_config=getattr(args, "node_config", None),
-        memory_scaling=getattr(args, "memory_scaling", 1.0),
+        sharing=_sharing(args) if args.command == "install" else Sharing(),
         restart=args.restart_runtime,
         runtime_binary=getattr(args, "runtime_binary", None),
     )
@@ -273,7 +299,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging
         state_dir=args.state_dir,
         node=args.node_name or socket.gethostname(),
         domains=domains,
-        memory_scaling=args.memory_scaling,
+        sharing=_sharing(args),
         address=args.address,
         port=args.port,
         interval=args.interval,

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent import futures
 from typing import Any
 
-from runtime_hook.contract import SHARED_RESOURCE, WHOLE_RESOURCE
+from runtime_hook.contract import SHARED_RESOURCE, WHOLE_RESOURCE, Gpu
 from runtime_hook.device_assignment import DEVICE_LIST_DIR, DEVICE_LIST_SOURCE, ENV_NAME
 from runtime_hook.node import cdi_files
 from runtime_hook.node.logs import event
@@ -94,9 +94,10 @@ class Slots:
         slot, generation = int(match[2]), int(match[3])
         return generation < self._first or generation <= self._issued.get(slot, -1)
 
-    def resize(self, gpus: int, resource: str, generation: int) -> None:
-        """Advertise the slots of ``gpus`` GPUs (new slots start at ``generation``)."""
-        wanted = gpus * SLOTS_PER_GPU[resource]
+    def resize(self, gpus: int, resource: str, generation: int, per_gpu: int = 0) -> None:
+        """Advertise the slots of ``gpus`` GPUs (new slots start at ``generation``), ``per_gpu``
+        each (0: the resource's :data:`SLOTS_PER_GPU`)."""
+        wanted = gpus * (per_gpu or SLOTS_PER_GPU[resource])
         with self.changed:
             if wanted == len(self._generations):
                 return
@@ -313,6 +314,14 @@ class Served:
                 options=messages.DevicePluginOptions(pre_start_required=True)), timeout=10)
         event(self._log, logging.INFO, "device_plugin_registered",
               resource=self.plugin.resource, socket=self.socket)
+
+
+def slots_per_gpu(resource: str, gpu: Gpu) -> int:
+    """The slots of ``resource`` one published GPU gives: one for each container it may take
+    (its cap on sharers, else one a percent of its time), or one whole."""
+    if resource == WHOLE_RESOURCE:
+        return 1
+    return gpu.sharers or gpu.cores
 
 
 def first_generation() -> int:

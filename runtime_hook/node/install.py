@@ -33,6 +33,7 @@ import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
+from runtime_hook.contract import Sharing
 from runtime_hook.hook_cli import DEFAULT_LIBRARY
 from runtime_hook.hook_errors import NodeError
 from runtime_hook.node import hook_files, host_files, runtime_config
@@ -70,7 +71,7 @@ class Options(NamedTuple):
     runtime: str
     library: str | None
     node_config: str | None
-    memory_scaling: float
+    sharing: Sharing
     restart: bool
     runtime_binary: str | None = None
     kernel: str = os.uname().release  # the node's: a container shares its host's kernel
@@ -85,7 +86,7 @@ def install(options: Options, log: logging.Logger) -> list[str]:
         if runtime == "auto":
             runtime = runtime_config.detect(options.host_root)
         source = runtime_config.source_dir(options.node_config)
-        hook = HookCommand(options.prefix, options.state_dir, options.memory_scaling)
+        hook = HookCommand(options.prefix, options.state_dir, options.sharing)
         binary = "" if runtime == "none" else \
             runtime_config.nvidia_runtime(options.host_root, options.runtime_binary)
         runtime_files = (

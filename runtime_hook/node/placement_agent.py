@@ -26,6 +26,7 @@ from runtime_hook.node.device_plugin import (
     Served,
     Slots,
     first_generation,
+    slots_per_gpu,
 )
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.placement import (
@@ -76,7 +77,7 @@ class Placement:
             self._present = {gpu.uuid for gpu in gpus}
             self._step("inventory", lambda: self._status.annotate(
                 {INVENTORY_ANNOTATION: encode_inventory(gpus, int(self._clock()))}))
-            self._step("device plugins", lambda: self._serve(len(gpus)))
+            self._step("device plugins", lambda: self._serve(gpus))
         self._step("slots", self._retire_slots)
         self._step("ledger", self._prune_ledger)
         self.problems.cycle_done()
@@ -119,9 +120,11 @@ class Placement:
         except (AdvertiseError, OSError, RuntimeError) as exc:
             self.problems.report(what, what, str(exc))
 
-    def _serve(self, gpus: int) -> None:
+    def _serve(self, gpus: list[Gpu]) -> None:
         for resource, served in self._served.items():
-            served.plugin.slots.resize(gpus, resource, first_generation())
+            # The node's settings are the same for each of its GPUs: the first tells them.
+            per_gpu = slots_per_gpu(resource, gpus[0]) if gpus else 0
+            served.plugin.slots.resize(len(gpus), resource, first_generation(), per_gpu)
             if not served.alive():
                 served.start()
 

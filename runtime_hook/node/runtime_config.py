@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from runtime_hook.contract import Sharing
 from runtime_hook.hook_cli import DEFAULT_STATE_DIR, parse_args
 from runtime_hook.hook_errors import NodeError, UsageError
 
@@ -67,11 +68,11 @@ class RuntimeConfigError(NodeError, RuntimeError):
 
 class HookCommand(NamedTuple):
     """What the hook command of this install differs in: the install prefix, the hook's
-    state dir, and its ``--memory-scaling``."""
+    state dir, and the node's settings for shared GPUs."""
 
     prefix: str
     state_dir: str
-    memory_scaling: float
+    sharing: Sharing
 
 
 def source_dir(explicit: str | None = None) -> Path:
@@ -203,8 +204,7 @@ def render_hook(entry: dict, hook: HookCommand) -> dict:
         elif arg.startswith(DEFAULT_PREFIX + "/"):
             arg = hook.prefix + arg[len(DEFAULT_PREFIX) :]
         moved.append(arg)
-    if hook.memory_scaling != 1:
-        moved += ["--memory-scaling", f"{hook.memory_scaling:g}"]
+    moved += hook.sharing.flags()
     script = next(i for i, arg in enumerate(moved) if arg.endswith("/runtime_hook/oci_hook.py"))
     try:
         parse_args(moved[script + 1 :])

@@ -142,9 +142,10 @@ def test_containerd_without_cdi_drops_the_devices_silently_so_the_gpu_never_arri
 
 _PREPARER = """
 import json, sys
+from runtime_hook.contract import Sharing
 from runtime_hook.node.dra.prepare import Paths, Preparer
 paths = Paths("/", "/run/vcuda", "/var/run/cdi", "/usr/local/vcuda/lib/libvcuda.so", 16)
-preparer = Preparer(paths, pool="node-1", scaling=1.0)
+preparer = Preparer(paths, pool="node-1", sharing=Sharing())
 claim = json.loads(sys.argv[1])
 uid = claim["metadata"]["uid"]
 if sys.argv[2] == "prepare":

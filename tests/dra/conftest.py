@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from runtime_hook import contract, syscalls
-from runtime_hook.contract import Gpu
+from runtime_hook.contract import Gpu, Sharing
 from runtime_hook.node.dra.driver import DraSettings, Driver
 from runtime_hook.node.dra.kube import DraApi
 from runtime_hook.node.logs import Problems, setup
@@ -86,7 +86,7 @@ def _driver(base: Path, api: FakeDraApi, log: logging.Logger) -> Driver:
     kubeconfig.write_text(api.kubeconfig())
     settings = DraSettings(kubelet_dir=str(base / "kubelet"), cdi_dir=str(base / "cdi"),
                            library=LIBRARY, gpu_cdi_kind="nvidia.com/gpu", account_mib=1)
-    return Driver(settings, NODE, "/", str(base / "state"), 1.0, DraApi(str(kubeconfig)), log)
+    return Driver(settings, NODE, "/", str(base / "state"), Sharing(), DraApi(str(kubeconfig)), log)
 
 
 def unmount_below(root: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime_hook.contract import Sharing
 from runtime_hook.node.agent import Settings, run
 from runtime_hook.node.cli import main
 from runtime_hook.node.dra.driver import DraSettings
@@ -42,7 +43,7 @@ def test_the_agent_publishes_its_slice_serves_kubelet_and_leaves_no_socket_when_
     dra = DraSettings(kubelet_dir=str(base / "kubelet"), cdi_dir=str(base / "cdi"),
                       library=LIBRARY, gpu_cdi_kind="nvidia.com/gpu", account_mib=1)
     settings = Settings(host_root="/", state_dir=str(base / "state"), node=NODE, domains=(),
-                        memory_scaling=1.0, address="127.0.0.1", port=0, interval=1.0,
+                        sharing=Sharing(), address="127.0.0.1", port=0, interval=1.0,
                         run_dirs=[], advertise=True, kubeconfig=str(base / "kubeconfig"), dra=dra)
     nvml = Nvml(FakeNvml([FakeDevice(GPU0, 16 * GIB), FakeDevice(GPU1, 40 * GIB)]))
     stop = threading.Event()

@@ -14,6 +14,7 @@ import pytest
 import referencing
 
 from runtime_hook import contract
+from runtime_hook.contract import Sharing
 from runtime_hook.node import cdi_files
 from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.prepare import Paths, Preparer
@@ -151,7 +152,7 @@ def test_prepare_under_a_host_root_writes_the_spec_where_the_nodes_var_run_link_
     claim = {"metadata": {"namespace": "team-a", "name": "linked", "uid": uid},
              "status": {"allocation": {"devices": {"results": [result]}}}}
     paths = Paths(str(root), "/run/vcuda", "/var/run/cdi", "/usr/local/vcuda/lib/libvcuda.so", 1)
-    preparer = Preparer(paths, pool="node-1", scaling=1.0)
+    preparer = Preparer(paths, pool="node-1", sharing=Sharing())
     try:
         preparer.prepare(uid, claim)
         assert [p.name for p in (root / "run" / "cdi").iterdir()] == [

@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from runtime_hook.contract import MEMORY_UNIT, Gpu
+from runtime_hook.contract import MEMORY_UNIT, Gpu, Sharing
 from runtime_hook.limits_decision import Request, overcommit
 from runtime_hook.node.dra.allocation import shares
 from runtime_hook.node.dra.slices import GpuModel, device_name, memory_capacity, resource_slice
@@ -39,7 +39,8 @@ def _claim(cores: str | None, memory: str | None) -> dict:
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
 
 
-CORES = resource_slice("n", _cluster(1, 1)["node-0"], 1.0, 1)["spec"]["devices"][0]["capacity"]
+CORES = resource_slice("n", _cluster(1, 1)["node-0"], Sharing(), 1)["spec"]["devices"][0][
+    "capacity"]
 
 
 @pytest.mark.parametrize(("requested", "expected"), [
@@ -60,17 +61,18 @@ def test_memory_is_rounded_up_to_256_mib_and_defaults_to_the_whole_gpu(
 def test_more_than_a_gpu_has_breaks_the_policy_and_fits_nowhere() -> None:
     assert violates(CORES["cores"], Fraction(101))
     assert violates(CORES["memory"], consumed(CORES["memory"], "81Gi"))
-    allocator = Allocator([resource_slice("n", _cluster(1, 2)["node-0"], 1.0, 1)])
+    allocator = Allocator([resource_slice("n", _cluster(1, 2)["node-0"], Sharing(), 1)])
     assert not allocator.allocate(_claim("150", "1Gi"))
     assert not allocator.allocate(_claim("10", "81Gi"))
 
 
 def test_thousands_of_claims_never_overfill_a_gpu_and_the_node_ledger_agrees() -> None:
     cluster = _cluster(nodes=4, per_node=4)
-    allocator = Allocator(resource_slice(node, gpus, 1.0, 1) for node, gpus in cluster.items())
+    allocator = Allocator(resource_slice(node, gpus, Sharing(), 1)
+                          for node, gpus in cluster.items())
     inventory = {node: {g.uuid: Gpu(g.uuid, g.index, g.memory) for g in gpus}
                  for node, gpus in cluster.items()}
-    offered = {node: {device_name(g.uuid): (g.uuid, memory_capacity(g.memory, 1.0))
+    offered = {node: {device_name(g.uuid): (g.uuid, memory_capacity(g.memory, Sharing()))
                       for g in gpus} for node, gpus in cluster.items()}
     memory = {g.uuid: 0 for gpus in cluster.values() for g in gpus}
     cores = dict.fromkeys(memory, 0)
@@ -116,7 +118,7 @@ def test_thousands_of_claims_never_overfill_a_gpu_and_the_node_ledger_agrees() -
         # The node ledger's check, given what the node committed, accepts every placement.
         committed = {gpu: (memory[gpu], cores[gpu]) for gpu in memory}
         request = Request(container="c", cores=share.cores, memory=share.memory)
-        assert overcommit(request, (share.uuid,), committed, inventory[node], 1.0) is None
+        assert overcommit(request, (share.uuid,), committed, inventory[node], Sharing()) is None
         memory[share.uuid] += share.memory
         cores[share.uuid] += share.cores
         assert memory[share.uuid] <= capacity and cores[share.uuid] <= 100
@@ -127,3 +129,39 @@ def test_thousands_of_claims_never_overfill_a_gpu_and_the_node_ledger_agrees() -
         uuid_, capacity = offered[pool][name]
         assert used.get("memory", 0) == memory[uuid_] <= capacity
         assert used.get("cores", 0) == cores[uuid_] <= 100
+
+
+def test_with_cores_scaling_two_claims_at_60_share_a_gpu_and_a_third_does_not_fit() -> None:
+    sharing = Sharing(cores_scaling=1.2)
+    allocator = Allocator([resource_slice("n", _cluster(1, 1)["node-0"], sharing, 1)])
+    assert allocator.allocate(_claim("60", "1Gi"))
+    assert allocator.allocate(_claim("60", "1Gi"))
+    assert not allocator.allocate(_claim("1", "1Gi"))
+
+
+def test_with_max_sharers_each_claim_takes_one_sharer_and_the_next_fits_nowhere() -> None:
+    sharing = Sharing(max_sharers=3)
+    allocator = Allocator([resource_slice("n", _cluster(1, 1)["node-0"], sharing, 1)])
+    claims = [_claim("10", "1Gi") for _ in range(3)]
+    assert all(allocator.allocate(claim) for claim in claims)
+    assert claims[0]["status"]["allocation"]["devices"]["results"][0][
+        "consumedCapacity"]["sharers"] == "1"
+    assert not allocator.allocate(_claim("10", "1Gi"))
+    allocator.release(claims[0])
+    assert allocator.allocate(_claim("10", "1Gi"))
+
+
+def test_a_claim_past_100_cores_under_overcommit_is_held_to_no_share_and_the_whole_is_whole(
+) -> None:
+    [gpu] = _cluster(1, 1)["node-0"]
+    sharing = Sharing(cores_scaling=1.5)
+    allocator = Allocator([resource_slice("n", [gpu], sharing, 1)])
+    offered = {device_name(gpu.uuid): (gpu.uuid, memory_capacity(gpu.memory, sharing))}
+    large, whole = _claim("120", "1Gi"), _claim(None, None)
+    assert allocator.allocate(large)
+    [share] = shares(large, "n", offered, sharing.cores())
+    assert (share.cores, share.whole) == (100, False)
+    allocator.release(large)
+    assert allocator.allocate(whole)
+    [share] = shares(whole, "n", offered, sharing.cores())
+    assert (share.cores, share.whole) == (100, True)

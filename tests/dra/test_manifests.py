@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from runtime_hook.contract import Sharing
 from runtime_hook.node.dra.slices import GpuModel, resource_slice
 from tests.deploy.manifests import ROOT, documents, find, kustomize, needs_kubectl
 from tests.dra.scheduler import Allocator
@@ -128,7 +129,7 @@ def test_the_example_templates_allocate_what_they_say_on_an_h100() -> None:
                     "NVIDIA H100 80GB HBM3", (9, 0))
     consumed = {}
     for template in _objects("examples/claim-templates.yaml"):
-        allocator = Allocator([resource_slice("node-a", [h100], 1.0, 1)])
+        allocator = Allocator([resource_slice("node-a", [h100], Sharing(), 1)])
         claim = {"spec": template["spec"]["spec"]}
         assert allocator.allocate(claim), template["metadata"]["name"]
         [result] = claim["status"]["allocation"]["devices"]["results"]

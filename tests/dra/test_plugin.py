@@ -12,8 +12,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from runtime_hook import contract, ledger
-from runtime_hook.node.dra.prepare import RECORD_PREFIX
+from runtime_hook.contract import Sharing
+from runtime_hook.node.dra.prepare import RECORD_PREFIX, Paths, PrepareError, Preparer
 from runtime_hook.node.dra.slices import device_name
 from runtime_hook.node_state import LIMITS_FILE, PRELOAD_FILE, StateDir, process_start_time
 from tests.dra.conftest import GPU0, GPU1, LIBRARY, NODE, DraNode
@@ -320,3 +323,22 @@ def test_malformed_consumed_capacity_refuses_that_claim_alone_and_at_once(
         assert error.endswith("; fix: delete the pod and its claim so that the scheduler "
                               "allocates it again")
         assert _record(dra_node, claims[name]["metadata"]["uid"]) is None
+
+
+def test_a_node_with_max_sharers_refuses_the_claim_past_its_cap_with_the_hooks_message(
+        dra_node: DraNode) -> None:
+    # The node's own preparer under --max-sharers 1, against the same ledger and GPUs.
+    paths = Paths(host_root="/", state_dir=str(dra_node.state_dir),
+                  cdi_dir=str(dra_node.cdi_dir), library=LIBRARY, account_mib=1)
+    preparer = Preparer(paths, pool=NODE, sharing=Sharing(max_sharers=1))
+    first = dra_node.claim("first", cores="10", memory="1Gi")
+    second = dra_node.claim("second", cores="10", memory="1Gi")
+    assert _gpu_of(first) == _gpu_of(second)  # the scheduler's first fit
+    preparer.prepare(first["metadata"]["uid"], first)
+    with pytest.raises(PrepareError) as refused:
+        preparer.prepare(second["metadata"]["uid"], second)
+    assert str(refused.value) == (
+        f"claim team-a/second: GPU {_gpu_of(second)} (index 0) has 1 shared container, the "
+        "most this node allows on one GPU (--max-sharers 1)")
+    assert _record(dra_node, second["metadata"]["uid"]) is None
+    preparer.unprepare(first["metadata"]["uid"])

@@ -9,7 +9,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-from runtime_hook.contract import Gpu
+from runtime_hook.contract import Gpu, Sharing
 from runtime_hook.node.dra.kube import DraApi, DraApiError
 from runtime_hook.node.dra.publish import publish
 from runtime_hook.node.dra.slices import GpuModel, device_name, resource_slice, slice_name
@@ -24,19 +24,22 @@ L4 = GpuModel(GPU1, 1, 23034 << 20, "NVIDIA L4", (8, 9))
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_slice_validates_strictly_against_the_kubernetes_schema(version: str) -> None:
-    kubernetes_validate.validate(resource_slice(NODE, [H100, L4], 1.0, 3), version, strict=True)
+@pytest.mark.parametrize("sharing", [Sharing(), Sharing(1.5, 1.2, 10)])
+def test_the_slice_validates_strictly_against_the_kubernetes_schema(
+        version: str, sharing: Sharing) -> None:
+    body = resource_slice(NODE, [H100, L4], sharing, 3)
+    kubernetes_validate.validate(body, version, strict=True)
 
 
 def test_a_misspelt_capacity_field_fails_the_same_strict_validation() -> None:
-    body = resource_slice(NODE, [H100], 1.0, 1)
+    body = resource_slice(NODE, [H100], Sharing(), 1)
     body["spec"]["devices"][0]["capacity"]["cores"]["requestPolicy"]["validRange"]["stepSize"] = "1"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(body, "1.34", strict=True)
 
 
 def test_each_gpu_is_a_shareable_device_with_cores_and_memory_in_their_steps() -> None:
-    spec = resource_slice(NODE, [L4, H100], 1.0, 7)["spec"]
+    spec = resource_slice(NODE, [L4, H100], Sharing(), 7)["spec"]
     assert spec["driver"] == "vcuda.io" and spec["nodeName"] == NODE
     assert spec["pool"] == {"name": NODE, "generation": 7, "resourceSliceCount": 1}
     h100, l4 = spec["devices"]  # by index
@@ -56,8 +59,21 @@ def test_each_gpu_is_a_shareable_device_with_cores_and_memory_in_their_steps() -
 
 
 def test_memory_scaling_multiplies_each_gpus_memory_before_rounding() -> None:
-    [device] = resource_slice(NODE, [H100], 1.5, 1)["spec"]["devices"]
+    [device] = resource_slice(NODE, [H100], Sharing(1.5), 1)["spec"]["devices"]
     assert device["capacity"]["memory"]["value"] == "120Gi"
+
+
+def test_cores_scaling_raises_the_cores_capacity_and_no_cap_means_no_sharers_capacity() -> None:
+    [device] = resource_slice(NODE, [H100], Sharing(cores_scaling=1.2), 1)["spec"]["devices"]
+    assert device["capacity"]["cores"] == {"value": "120", "requestPolicy": {
+        "default": "120", "validRange": {"min": "1", "max": "120", "step": "1"}}}
+    assert "sharers" not in device["capacity"]
+
+
+def test_max_sharers_is_a_capacity_of_which_every_claim_consumes_one() -> None:
+    [device] = resource_slice(NODE, [H100], Sharing(max_sharers=10), 1)["spec"]["devices"]
+    assert device["capacity"]["sharers"] == {
+        "value": "10", "requestPolicy": {"default": "1", "validValues": ["1"]}}
 
 
 def test_device_names_are_dns_labels_that_do_not_follow_the_index() -> None:
@@ -66,8 +82,8 @@ def test_device_names_are_dns_labels_that_do_not_follow_the_index() -> None:
     assert device_name("MIG-4f6e8d3b-5a6f-7e8d-9c01-0b5e1d2a9c41") == \
         "mig-4f6e8d3b-5a6f-7e8d-9c01-0b5e1d2a9c41"
     moved = GpuModel(GPU0, 5, H100.memory, H100.product, H100.compute_capability)
-    assert resource_slice(NODE, [moved], 1.0, 1)["spec"]["devices"][0]["name"] == \
-        resource_slice(NODE, [H100], 1.0, 1)["spec"]["devices"][0]["name"]
+    assert resource_slice(NODE, [moved], Sharing(), 1)["spec"]["devices"][0]["name"] == \
+        resource_slice(NODE, [H100], Sharing(), 1)["spec"]["devices"][0]["name"]
 
 
 def test_a_long_node_name_still_gives_a_valid_slice_name() -> None:
@@ -87,9 +103,9 @@ def _api(dra_api: FakeDraApi, tmp_path: Path) -> DraApi:
 def test_publishing_creates_the_slice_then_changes_it_only_when_the_gpus_change(
         dra_api: FakeDraApi, tmp_path: Path) -> None:
     api = _api(dra_api, tmp_path)
-    assert publish(api, NODE, [H100], 1.0) == "created"
-    assert publish(api, NODE, [H100], 1.0) is None
-    assert publish(api, NODE, [H100, L4], 1.0) == "updated"
+    assert publish(api, NODE, [H100], Sharing()) == "created"
+    assert publish(api, NODE, [H100], Sharing()) is None
+    assert publish(api, NODE, [H100, L4], Sharing()) == "updated"
     stored = dra_api.get(slice_path(slice_name(NODE)))
     assert stored["spec"]["pool"]["generation"] == 2
     assert [d["name"] for d in stored["spec"]["devices"]] == [device_name(GPU0), device_name(GPU1)]
@@ -98,12 +114,12 @@ def test_publishing_creates_the_slice_then_changes_it_only_when_the_gpus_change(
 def test_publishing_repairs_a_slice_someone_else_changed(
         dra_api: FakeDraApi, tmp_path: Path) -> None:
     api = _api(dra_api, tmp_path)
-    publish(api, NODE, [H100], 1.0)
+    publish(api, NODE, [H100], Sharing())
     path = slice_path(slice_name(NODE))
     edited = copy.deepcopy(dra_api.get(path))
     edited["spec"]["devices"][0]["capacity"]["cores"]["value"] = "1000"
     dra_api.put(path, edited)
-    assert publish(api, NODE, [H100], 1.0) == "updated"
+    assert publish(api, NODE, [H100], Sharing()) == "updated"
     assert dra_api.get(path)["spec"]["devices"][0]["capacity"]["cores"]["value"] == "100"
 
 
@@ -117,20 +133,21 @@ def test_the_node_owns_the_slice_the_driver_publishes(dra_node: DraNode) -> None
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_slice_with_its_owner_validates_strictly(version: str) -> None:
-    body = resource_slice(NODE, [H100], 1.0, 1, node_uid="5e0b6f5c-2d7a-4b8e-9f31-0c1d2e3f4a5b")
+    body = resource_slice(NODE, [H100], Sharing(), 1,
+                          node_uid="5e0b6f5c-2d7a-4b8e-9f31-0c1d2e3f4a5b")
     kubernetes_validate.validate(body, version, strict=True)
 
 
 def test_fields_the_api_server_adds_are_no_reason_to_write_again(
         dra_api: FakeDraApi, tmp_path: Path) -> None:
     api = _api(dra_api, tmp_path)
-    publish(api, NODE, [H100], 1.0)
+    publish(api, NODE, [H100], Sharing())
     path = slice_path(slice_name(NODE))
     stored = copy.deepcopy(dra_api.get(path))
     stored["spec"]["devices"][0]["bindsToNode"] = False  # as a defaulting server might
     stored["metadata"]["labels"]["extra"] = "kept"
     dra_api.put(path, stored)
-    assert publish(api, NODE, [H100], 1.0) is None
+    assert publish(api, NODE, [H100], Sharing()) is None
     assert dra_api.get(path)["spec"]["pool"]["generation"] == 1
 
 
@@ -141,10 +158,10 @@ def test_the_policy_refuses_a_slice_for_another_node(
     with pytest.raises(DraApiError, match=r"cannot create resourceslice gpu-node-1-vcuda\.io: "
                        r"HTTP 422: .* the vcuda node agent of node gpu-node-2 may write only "
                        r"the vcuda\.io ResourceSlices of that node"):
-        publish(api, NODE, [H100], 1.0)
+        publish(api, NODE, [H100], Sharing())
     dra_api.node_name = None  # a token without the node's name (not a pod-bound one)
     with pytest.raises(DraApiError, match="the vcuda node agent's token names no node"):
-        publish(api, NODE, [H100], 1.0)
+        publish(api, NODE, [H100], Sharing())
 
 
 def test_the_driver_reports_a_slice_it_cannot_write_and_keeps_running(

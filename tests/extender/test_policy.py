@@ -18,8 +18,15 @@ from extender.policy import (
     placement,
     pod_demand,
 )
-from runtime_hook.contract import INVENTORY_ANNOTATION, LEDGER_ANNOTATION
-from runtime_hook.placement import Assignment, Entry, decode_ledger, encode_ledger
+from runtime_hook.contract import INVENTORY_ANNOTATION, LEDGER_ANNOTATION, Gpu
+from runtime_hook.placement import (
+    Assignment,
+    Entry,
+    decode_inventory,
+    decode_ledger,
+    encode_inventory,
+    encode_ledger,
+)
 from tests.extender.cluster import CORE_KEYS, GIB, NOW, gpu_uuid, node_object, pod_object
 
 
@@ -269,3 +276,56 @@ def test_the_ledger_bind_writes_is_the_text_the_node_agent_writes_and_reads_back
     assert text == encode_ledger(entries)
     assert decode_ledger(text) == entries
     assert ledger_text({}) == encode_ledger({})
+
+
+def _with_sharing(annotations: dict[str, str], **fields: int) -> dict[str, str]:
+    """``annotations`` with each GPU of the inventory given ``fields`` (cores, sharers)."""
+    body = json.loads(annotations[INVENTORY_ANNOTATION])
+    for gpu in body["gpus"]:
+        gpu.update(fields)
+    return {**annotations, INVENTORY_ANNOTATION: json.dumps(body)}
+
+
+def test_a_gpu_published_with_overcommit_takes_shares_up_to_its_cores() -> None:
+    ledger = {"a": Entry("team/a", int(NOW), shared_on(0, 60, 1))}
+    annotations = _with_sharing(node_object("n1", [16 * GIB], annotations={
+        LEDGER_ANNOTATION: encode_ledger(ledger)})["metadata"]["annotations"], cores=120)
+    node = node_gpus("n1", annotations, NOW, 120)
+    assert place(node, Demand(60, GIB, 0)).assignment.shared[0] == gpu_uuid("n1", 0)
+    with pytest.raises(Unfit, match=r"no GPU has 61% and 1 GiB free \(GPU 0 has 60% and 15 GiB "):
+        place(node, Demand(61, GIB, 0))
+
+
+def test_a_gpu_with_its_cap_of_sharers_takes_no_more_and_says_so() -> None:
+    ledger = {uid: Entry(f"team/{uid}", int(NOW), shared_on(0, 10, 1)) for uid in ("a", "b")}
+    annotations = _with_sharing(node_object("n1", [16 * GIB], annotations={
+        LEDGER_ANNOTATION: encode_ledger(ledger)})["metadata"]["annotations"], sharers=2)
+    with pytest.raises(Unfit, match=r"^no GPU has 10% and 1 GiB free and room for one more sharer "
+                                    r"\(GPU 0 has 2 sharers, the most its node allows on one GPU, "
+                                    r"the closest\)$"):
+        place(node_gpus("n1", annotations, NOW, 120), Demand(10, GIB, 0))
+    annotations = _with_sharing(annotations, sharers=3)
+    assert place(node_gpus("n1", annotations, NOW, 120), Demand(10, GIB, 0)).assignment.shared
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"cores": 99}, "cores 99 is not a whole number in 100..1000"),
+    ({"cores": 1001}, "cores 1001 is not a whole number in 100..1000"),
+    ({"sharers": -1}, "sharers -1 is not a whole number in 0..1000"),
+    ({"sharers": True}, "sharers True is not a whole number in 0..1000"),
+])
+def test_an_inventory_with_cores_or_sharers_out_of_bounds_is_unreadable(
+        fields: dict[str, object], message: str) -> None:
+    annotations = _with_sharing(node_object("n1", [GIB])["metadata"]["annotations"], **fields)
+    with pytest.raises(Unfit, match=message) as raised:
+        placement("n1", annotations, Demand(10, GIB, 0), "binpack", NOW, 120)
+    assert raised.value.cause == UNREADABLE_INVENTORY
+
+
+def test_the_inventory_writes_cores_and_sharers_only_where_they_are_not_the_defaults() -> None:
+    plain, shared = Gpu("GPU-a", 0, GIB), Gpu("GPU-b", 1, GIB, 150, 4)
+    text = encode_inventory([plain, shared], int(NOW))
+    assert json.loads(text)["gpus"] == [{"uuid": "GPU-a", "index": 0, "memory": GIB},
+                                        {"uuid": "GPU-b", "index": 1, "memory": GIB,
+                                         "cores": 150, "sharers": 4}]
+    assert decode_inventory(text).gpus == (plain, shared)

@@ -50,6 +50,7 @@ class HookSetup:
     inventory: Path
     log_file: Path
     log_level: str = "debug"  # tests read every line; nodes run at the default, info
+    flags: tuple[str, ...] = ()  # more of the hook's flags (the node's sharing settings)
 
     def args(self, stage: str, python_flags: tuple[str, ...] = ("-I", "-S")) -> list[str]:
         """The hook's argv for ``stage``: the in-tree file run by the system Python."""
@@ -68,6 +69,7 @@ class HookSetup:
             str(self.log_file),
             "--log-level",
             self.log_level,
+            *self.flags,
         ]
 
     def hooks(self, env: tuple[str, ...] = HOOK_ENV) -> dict:

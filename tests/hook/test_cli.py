@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from demo.node import NO_USER_NAMESPACES
+from runtime_hook.contract import Sharing
 from runtime_hook.device_assignment import device_plugin_spec
+from runtime_hook.hook_cli import parse_args
 from runtime_hook.hook_log import HookLog
 from runtime_hook.ledger import Entry, commit
 from runtime_hook.node_state import StateDir
@@ -59,7 +61,8 @@ def test_help_explains_the_stages_and_flags_without_waiting_for_stdin() -> None:
     out = result.stdout.decode()
     assert result.returncode == 0
     for word in ("prestart", "poststop", "--state-dir", "--library", "--inventory",
-                 "--memory-scaling", "--log-level", "vcuda.io/limits"):  # fmt: skip
+                 "--memory-scaling", "--cores-scaling", "--max-sharers", "--log-level",
+                 "vcuda.io/limits"):  # fmt: skip
         assert word in out
 
 
@@ -186,6 +189,8 @@ def test_missing_inventory_is_logged_and_only_the_memory_check_skipped(
         (["prestart", "--memory-scaling=lots"], "--memory-scaling: 'lots' is not a number"),
         (["prestart", "--memory-scaling", "nan"], "--memory-scaling: 'nan' is not a number"),
         (["prestart", "--memory-scaling", "inf"], "--memory-scaling: 'inf' is not a number"),
+        (["prestart", "--cores-scaling", "0.9"], "--cores-scaling: '0.9' is not a number in [1"),
+        (["prestart", "--max-sharers", "-1"], "--max-sharers: '-1' is not a whole number in 0"),
         (["prestart", "--account-mib", "nan"], "--account-mib: invalid literal"),
         (["prestart", "--account-mib", "-4"], "--account-mib: -4 is not a positive whole number"),
         (["prestart", "--log-level", "loud"], "--log-level: 'loud' is not one of debug, info"),
@@ -236,3 +241,9 @@ def test_log_lines_of_a_fresh_node_are_kept(tmp_path: Path) -> None:
     HookLog(str(log), "info", "prestart").warning("no GPU inventory")
     assert log.read_text().endswith("WARNING prestart: no GPU inventory\n")
     assert stat.S_IMODE(log.parent.stat().st_mode) == 0o755
+
+
+def test_the_sharing_flags_make_the_nodes_settings_and_default_to_none_of_them() -> None:
+    assert parse_args(["prestart"]).sharing == Sharing()
+    flags = parse_args(["prestart", "--cores-scaling", "1.2", "--max-sharers=4"])
+    assert flags.sharing == Sharing(1.0, 1.2, 4)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from runtime_hook.contract import Gpu
+from runtime_hook.contract import Gpu, Sharing
 from runtime_hook.hook_errors import HookError
 from runtime_hook.inject import merge_preload
 from runtime_hook.limits_decision import Request, overcommit, requested_limits
@@ -85,12 +85,13 @@ def _asks(memory: int, cores: int = 10) -> Request:
 
 
 def test_memory_fits_up_to_the_last_byte() -> None:
-    assert overcommit(_asks(6 * GIB), ["GPU-a"], {"GPU-a": (10 * GIB, 0)}, INVENTORY, 1.0) is None
+    committed = {"GPU-a": (10 * GIB, 0)}
+    assert overcommit(_asks(6 * GIB), ["GPU-a"], committed, INVENTORY, Sharing()) is None
 
 
 def test_overcommit_names_the_gpu_what_is_free_and_what_was_asked() -> None:
     committed = {"GPU-a": (10 * GIB, 0)}
-    reason = overcommit(_asks(6 * GIB + 1), ["GPU-b", "GPU-a"], committed, INVENTORY, 1.0)
+    reason = overcommit(_asks(6 * GIB + 1), ["GPU-b", "GPU-a"], committed, INVENTORY, Sharing())
     assert reason == (
         "GPU GPU-a (index 0) has 6.00 GiB (6442450944 bytes) free of 16.00 GiB "
         "(17179869184 bytes) for shared containers, and this container asks for "
@@ -100,14 +101,35 @@ def test_overcommit_names_the_gpu_what_is_free_and_what_was_asked() -> None:
 
 def test_memory_scaling_raises_what_a_gpu_may_give_out() -> None:
     committed = {"GPU-a": (16 * GIB, 0)}
-    assert overcommit(_asks(8 * GIB), ["GPU-a"], committed, INVENTORY, 1.5) is None
-    assert "has 0.00 GiB" in overcommit(_asks(8 * GIB), ["GPU-a"], committed, INVENTORY, 1.0)
+    assert overcommit(_asks(8 * GIB), ["GPU-a"], committed, INVENTORY, Sharing(1.5)) is None
+    assert "has 0.00 GiB" in overcommit(_asks(8 * GIB), ["GPU-a"], committed, INVENTORY, Sharing())
+
+
+def test_cores_scaling_lets_the_shares_of_a_gpu_add_up_past_100_percent() -> None:
+    committed = {"GPU-a": (GIB, 90)}
+    assert overcommit(_asks(GIB, cores=60), ["GPU-a"], committed, INVENTORY,
+                      Sharing(cores_scaling=1.5)) is None
+    assert overcommit(_asks(GIB, cores=61), ["GPU-a"], committed, INVENTORY,
+                      Sharing(cores_scaling=1.5)) == (
+        "GPU GPU-a (index 0) has 60% of its time free for shared containers, "
+        "and this container asks for 61%"
+    )
+
+
+def test_a_gpu_with_max_sharers_containers_refuses_one_more_with_its_count_and_the_flag() -> None:
+    sharing = Sharing(max_sharers=2)
+    assert overcommit(_asks(GIB), ["GPU-a"], {}, INVENTORY, sharing, {"GPU-a": 1}) is None
+    assert overcommit(_asks(GIB), ["GPU-a"], {}, INVENTORY, sharing, {"GPU-a": 2}) == (
+        "GPU GPU-a (index 0) has 2 shared containers, the most this node allows on one GPU "
+        "(--max-sharers 2)"
+    )
+    assert overcommit(_asks(GIB), ["GPU-a"], {}, INVENTORY, Sharing(), {"GPU-a": 500}) is None
 
 
 def test_time_of_a_gpu_is_committed_up_to_100_percent_and_not_scaled() -> None:
     committed = {"GPU-a": (GIB, 90)}
-    assert overcommit(_asks(GIB, cores=10), ["GPU-a"], committed, INVENTORY, 1.5) is None
-    assert overcommit(_asks(GIB, cores=11), ["GPU-a"], committed, INVENTORY, 1.5) == (
+    assert overcommit(_asks(GIB, cores=10), ["GPU-a"], committed, INVENTORY, Sharing(1.5)) is None
+    assert overcommit(_asks(GIB, cores=11), ["GPU-a"], committed, INVENTORY, Sharing(1.5)) == (
         "GPU GPU-a (index 0) has 10% of its time free for shared containers, "
         "and this container asks for 11%"
     )

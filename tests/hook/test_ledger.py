@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime_hook.contract import Gpu, InventoryError, read_inventory, write_inventory
-from runtime_hook.ledger import DuplicateError, Entry, commit, committed, entries
+from runtime_hook.ledger import DuplicateError, Entry, commit, committed, entries, sharers
 from runtime_hook.node_state import ACCOUNT_DIR, StateDir, StateError, process_start_time
 from tests.hook.bundles import mounts_under
 
@@ -132,6 +132,12 @@ def test_committed_memory_and_cores_add_up_per_gpu() -> None:
         _entry("b", 1, 1, memory=2 * GIB, devices=("GPU-a",)),
     ]
     assert committed(records) == {"GPU-a": (3 * GIB, 60), "GPU-b": (GIB, 30)}
+
+
+def test_sharers_count_the_containers_on_each_gpu() -> None:
+    records = [_entry(name, 1, 1, devices=devices) for name, devices in
+               (("a", ("GPU-a", "GPU-b")), ("b", ("GPU-a",)), ("c", ("GPU-a",)))]
+    assert sharers(records) == {"GPU-a": 3, "GPU-b": 1}
 
 
 def test_lock_held_elsewhere_times_out_with_a_clear_error(state: StateDir) -> None:

@@ -423,6 +423,29 @@ def _gpu_bundles(bundle: BuildBundle, hook: HookSetup, tmp_path: Path) -> tuple[
     return first, second
 
 
+def test_with_cores_scaling_shares_pass_100_percent_and_max_sharers_refuses_one_more(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup, tmp_path: Path
+) -> None:
+    write_inventory(str(hook.inventory), [Gpu(uuid="GPU-1111", index=0, memory=16 * GIB)])
+    node = dataclasses.replace(hook, flags=("--cores-scaling", "1.2", "--max-sharers", "2"))
+    for name, cores in (("first", 60), ("second", 50)):  # 110% of the GPU's time
+        built = bundle(["sleep", "600"], annotations=limits_annotation(main=(cores, GIB)),
+                       gpus=("GPU-1111",), hooks=node.hooks())
+        assert runc.run_detached(built, name, tmp_path / f"{name}.log").returncode == 0
+    third = bundle(["true"], annotations=limits_annotation(main=(1, GIB)), gpus=("GPU-1111",),
+                   hooks=node.hooks())
+    refused = runc.run(third, "third")
+    assert refused.returncode != 0
+    assert (
+        "vcuda-hook: container main (third): GPU GPU-1111 (index 0) has 2 shared containers, "
+        "the most this node allows on one GPU (--max-sharers 2)"
+    ) in refused.stderr
+    for name in ("first", "second"):
+        runc.call("kill", name, "KILL")
+        _wait_stopped(runc, name)
+        assert runc.call("delete", name).returncode == 0
+
+
 def test_overcommitting_a_gpu_fails_until_the_first_container_is_deleted(
     runc: Runtime, bundle: BuildBundle, hook: HookSetup, tmp_path: Path
 ) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from runtime_hook import contract
 from runtime_hook.contract import MAX_GPU_MEMORY_ANNOTATION as LARGEST
-from runtime_hook.contract import Gpu
+from runtime_hook.contract import Gpu, Sharing
 from runtime_hook.node.advertise import largest_share_change, resources, status_patch
 from runtime_hook.node.agent import Advertiser, Settings, run
 from runtime_hook.node.logs import setup
@@ -38,19 +38,25 @@ KUBELETS = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu.shared": "8"}
 
 def test_each_gpu_gives_100_cores_and_its_memory_in_256_mib_units() -> None:
     gpus = [Gpu("GPU-a", 0, 80 * GIB), Gpu("GPU-b", 1, 40 * GIB)]
-    assert resources(gpus, ["docker.com"], 1.0) == {
+    assert resources(gpus, ["docker.com"], Sharing()) == {
         "docker.com/vcuda-core": "200", "docker.com/vcuda-memory": "480"}
+
+
+def test_cores_scaling_advertises_that_many_more_cores_per_gpu() -> None:
+    gpus = [Gpu("GPU-a", 0, 16 * GIB), Gpu("GPU-b", 1, 16 * GIB)]
+    assert resources(gpus, ["docker.com"], Sharing(cores_scaling=1.5))[
+        "docker.com/vcuda-core"] == "300"
 
 
 def test_memory_scaling_multiplies_and_each_gpu_is_rounded_down_on_its_own() -> None:
     # 16 GiB less a byte is 63 whole units; two of them are 126, not 127.
     gpus = [Gpu("GPU-a", 0, 16 * GIB - 1), Gpu("GPU-b", 1, 16 * GIB - 1)]
-    assert resources(gpus, ["docker.com"], 1.0)["docker.com/vcuda-memory"] == "126"
-    assert resources(gpus, ["docker.com"], 1.5)["docker.com/vcuda-memory"] == "190"
+    assert resources(gpus, ["docker.com"], Sharing())["docker.com/vcuda-memory"] == "126"
+    assert resources(gpus, ["docker.com"], Sharing(1.5))["docker.com/vcuda-memory"] == "190"
 
 
 def test_every_domain_gets_the_full_amount_and_no_gpu_gives_zero() -> None:
-    assert resources([], ["docker.com", "tencent.com"], 1.0) == {
+    assert resources([], ["docker.com", "tencent.com"], Sharing()) == {
         "docker.com/vcuda-core": "0", "docker.com/vcuda-memory": "0",
         "tencent.com/vcuda-core": "0", "tencent.com/vcuda-memory": "0"}
 
@@ -108,7 +114,7 @@ def devices() -> list[FakeDevice]:
 
 def _settings(tmp_path: Path, kubeconfig: str, **changes: object) -> Settings:
     base = Settings(host_root=str(tmp_path / "host"), state_dir="/run/vcuda", node=NODE,
-                    domains=("docker.com", "tencent.com"), memory_scaling=1.0,
+                    domains=("docker.com", "tencent.com"), sharing=Sharing(),
                     address="127.0.0.1", port=0, interval=1.0, run_dirs=[], advertise=True,
                     kubeconfig=kubeconfig, placement=False)
     return base._replace(**changes)
@@ -149,7 +155,7 @@ def test_the_node_gets_its_resources_in_capacity_and_allocatable_by_one_json_pat
 def test_the_node_publishes_its_largest_share_for_the_webhook(
     api: FakeNodesApi, kubeconfig: str, devices: list[FakeDevice], tmp_path: Path
 ) -> None:
-    advertiser = _advertiser(tmp_path, kubeconfig, devices, memory_scaling=1.5)
+    advertiser = _advertiser(tmp_path, kubeconfig, devices, sharing=Sharing(1.5))
     advertiser.once()
     node = api.get(PATH)
     assert node is not None and node["metadata"]["annotations"] == {LARGEST: str(120 * GIB)}

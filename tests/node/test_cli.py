@@ -42,6 +42,8 @@ def test_help_names_the_three_commands_and_the_metrics(capsys: pytest.CaptureFix
         (["run", "--no-advertise", "--memory-scaling", "nan"], "'nan' is not a number in (0"),
         (["install", "--memory-scaling", "inf"], "'inf' is not a number in (0, 100]"),
         (["run", "--no-advertise", "--memory-scaling", "-1"], "'-1' is not a number in (0, 100]"),
+        (["run", "--no-advertise", "--cores-scaling", "11"], "'11' is not a number in [1, 10]"),
+        (["install", "--max-sharers", "x"], "'x' is not a whole number in 0..1000 (0: no cap)"),
         (["run", "--no-advertise", "--vcuda-run-dir", "tmp"], "'tmp' is not an absolute path"),
         (["run", "--no-advertise", "--host-root", "host"], "'host' is not an absolute path"),
         (["run", "--node-name", "n1", "--domain", "Docker_Com"],

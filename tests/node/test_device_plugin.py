@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.contract import INVENTORY_ANNOTATION, LEDGER_ANNOTATION
+from runtime_hook.contract import (
+    INVENTORY_ANNOTATION,
+    LEDGER_ANNOTATION,
+    SHARED_RESOURCE,
+    WHOLE_RESOURCE,
+    Gpu,
+    Sharing,
+)
+from runtime_hook.node.agent import published
+from runtime_hook.node.device_plugin import slots_per_gpu
 from runtime_hook.placement import decode_inventory, decode_ledger
 from tests.extender.cluster import GIB, RunningExtender, binding_args, gpu_uuid, pod_object
 from tests.fake_cluster_api import FakeClusterApi, running
@@ -274,3 +283,40 @@ def test_allocate_refuses_unknown_and_repeated_ids_and_answers_advertised_ones(
         node.kubelet.allocate_ids("vcuda.io/shared-gpu", [first, first])
     assert node.kubelet.allocate_ids("vcuda.io/shared-gpu", [first, second]) == [
         f"vcuda.io/gpu={first}", f"vcuda.io/gpu={second}"]
+
+
+def test_a_shared_gpu_gives_a_slot_for_each_sharer_it_takes_and_a_whole_gpu_one() -> None:
+    assert slots_per_gpu(SHARED_RESOURCE, Gpu("GPU-a", 0, GIB)) == 100
+    assert slots_per_gpu(SHARED_RESOURCE, Gpu("GPU-a", 0, GIB, cores=150)) == 150
+    assert slots_per_gpu(SHARED_RESOURCE, Gpu("GPU-a", 0, GIB, cores=150, sharers=4)) == 4
+    assert slots_per_gpu(WHOLE_RESOURCE, Gpu("GPU-a", 0, GIB, sharers=4)) == 1
+
+
+def test_a_node_with_overcommit_and_a_cap_publishes_both_and_placement_holds_them(
+        api: FakeClusterApi, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(api.kubeconfig())
+    register(api, "gpu-2")
+    node = GpuNode(tmp_path / "gpu-2", "gpu-2", [16 * GIB, 16 * GIB], str(kubeconfig),
+                   logging.getLogger("test"))
+    node.gpus = published(node.gpus, Sharing(cores_scaling=1.2, max_sharers=2))
+    extender = RunningExtender(api, tmp_path / "extender.log", clock=time.time)
+    try:
+        node.agent_pass()
+        node.kubelet.wait_for_devices(SHARED_RESOURCE, 2 * 2)  # two sharers on each of two GPUs
+        annotations = api.get("/api/v1/nodes/gpu-2")["metadata"]["annotations"]
+        gpus = decode_inventory(annotations[INVENTORY_ANNOTATION]).gpus
+        assert [(g.cores, g.sharers) for g in gpus] == [(120, 2), (120, 2)]
+        for name in ("a", "b", "c", "d"):  # 60% each: two on a GPU, past 100% of its time
+            pod = pod_object(name, cores=60, memory_gib=1)
+            api.add_pod(pod)
+            assert extender.verb("/bind", binding_args(pod, "gpu-2")) == {}
+        fifth = pod_object("e", cores=1, memory_gib=1)
+        api.add_pod(fifth)
+        answer = extender.verb("/bind", binding_args(fifth, "gpu-2"))
+        assert answer == {"Error": "node gpu-2: no GPU has 1% and 1 GiB free and room for one "
+                          "more sharer (GPU 0 has 2 sharers, the most its node allows on one GPU, "
+                          "the closest)"}
+    finally:
+        extender.stop()
+        node.stop()

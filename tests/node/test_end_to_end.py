@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime_hook.contract import Limits, render_limits
+from runtime_hook.contract import Limits, Sharing, render_limits
 from runtime_hook.node.agent import Advertiser, Settings
 from runtime_hook.node.logs import Problems
 from runtime_hook.node.nvml import Nvml
@@ -44,7 +44,7 @@ class Agent(Endpoint):
         self.lib = lib
         nvml = Nvml(lib)
         settings = Settings(host_root="/", state_dir=str(state), node=NODE, domains=(),
-                            memory_scaling=1.0, address="127.0.0.1", port=0, interval=1.0,
+                            sharing=Sharing(), address="127.0.0.1", port=0, interval=1.0,
                             run_dirs=[], advertise=False, kubeconfig=None, placement=False)
         self.advertiser = Advertiser(nvml, settings, None, log)
         super().__init__(Observer(nvml, Problems(log, "metrics"), "/", str(state)), NODE)

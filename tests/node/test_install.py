@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from runtime_hook.contract import Sharing
 from runtime_hook.hook_cli import parse_args
 from runtime_hook.node import hook_files, install
 from tests.node.nodes import REPO, Node, make_node
@@ -211,17 +212,17 @@ def test_a_crio_node_gets_the_handler_and_the_hooks_d_files(tmp_path: Path, node
     assert crio.restarts() == ["restart crio"]
 
 
-def test_prefix_state_dir_and_memory_scaling_reach_the_hooks_command_line(
+def test_prefix_state_dir_and_sharing_settings_reach_the_hooks_command_line(
     node: Node, library: Path
 ) -> None:
     _ok(_install(node, library, "--prefix", "/opt/vcuda", "--state-dir", "/run/gpu",
-                 "--memory-scaling", "1.5"))
+                 "--memory-scaling", "1.5", "--cores-scaling", "1.2", "--max-sharers", "8"))
     for hook in _hook_entries(node):
         args = hook["args"]
         script = args.index("/opt/vcuda/python/runtime_hook/oci_hook.py")
         flags = parse_args(args[script + 1 :])
-        assert (flags.state_dir, flags.library, flags.memory_scaling) == (
-            "/run/gpu", "/opt/vcuda/lib/libvcuda.so", 1.5)
+        assert (flags.state_dir, flags.library, flags.sharing) == (
+            "/run/gpu", "/opt/vcuda/lib/libvcuda.so", Sharing(1.5, 1.2, 8))
     assert node.path("/opt/vcuda/python/runtime_hook/oci_hook.py").is_file()
 
 
@@ -455,7 +456,7 @@ def test_a_kernel_older_than_5_12_is_refused_before_anything_is_written(
     before = node.tree()
     options = install.Options(host_root=str(node.root), prefix=PREFIX, state_dir="/run/vcuda",
                               runtime="auto", library=str(library), node_config=None,
-                              memory_scaling=1.0, restart=True, kernel=release)
+                              sharing=Sharing(), restart=True, kernel=release)
     with pytest.raises(install.InstallError) as refused:
         install.install(options, logging.getLogger("test"))
     assert str(refused.value) == (

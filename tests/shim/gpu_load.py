@@ -63,7 +63,8 @@ def cublas_library() -> Path | None:
     return None
 
 
-def _environment() -> dict[str, str]:
+def environment() -> dict[str, str]:
+    """The environment of a load process: the checkout on PYTHONPATH, cuBLAS found."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     library = cublas_library()
     if library:
@@ -72,7 +73,8 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _command(load: Load, seconds: float, start_at: float) -> list[str]:
+def command(load: Load, seconds: float, start_at: float) -> list[str]:
+    """The command line of a load process that measures seconds from start_at."""
     program = [str(PROGRAM), load.kind, str(seconds), str(load.streams), f"{start_at:.3f}"]
     if load.limit is None:
         return program
@@ -81,7 +83,8 @@ def _command(load: Load, seconds: float, start_at: float) -> list[str]:
             str(load.limit.cores), *shared, "--", *program]
 
 
-def _parse(output: str, log: str) -> Result:
+def parse(output: str, log: str) -> Result:
+    """A load process's result from its output line and its log."""
     words = output.split()
     values = dict(zip(words[::2], words[1::2]))
     return Result(int(values["kernels"]), float(values["seconds"]), float(values["rate"]),
@@ -93,7 +96,7 @@ def run_together(*loads: Load, seconds: float = 3.0) -> list[Result]:
     """Runs the loads at once, all measuring the same interval of seconds; their results."""
     start_at = time.time() + START_S
     processes = [
-        subprocess.Popen(_command(load, seconds, start_at), env=_environment(),
+        subprocess.Popen(command(load, seconds, start_at), env=environment(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for load in loads
     ]
@@ -102,7 +105,7 @@ def run_together(*loads: Load, seconds: float = 3.0) -> list[Result]:
         out, err = process.communicate(timeout=120)
         if process.returncode != 0:
             raise RuntimeError(f"{load} failed ({process.returncode}): {err.strip()[-2000:]}")
-        results.append(_parse(out, err))
+        results.append(parse(out, err))
     return results
 
 

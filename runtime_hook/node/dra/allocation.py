@@ -49,11 +49,12 @@ def claim_name(claim: Mapping[str, Any]) -> str:
 
 
 def shares(claim: Mapping[str, Any], pool: str,
-           offered: Mapping[str, tuple[str, int]]) -> list[Share]:
+           offered: Mapping[str, tuple[str, int]], cores: int = CORES) -> list[Share]:
     """The claim's shares of this node's GPUs.
 
     ``pool`` is this node's pool; ``offered`` maps each device name of its slice
-    to (GPU UUID, memory capacity in bytes). Raise AllocationError when the
+    to (GPU UUID, memory capacity in bytes); ``cores`` is each device's cores
+    capacity (above 100 with compute overcommit). Raise AllocationError when the
     allocation is missing, malformed, or names what this node does not offer.
     """
     allocation = _object(claim.get("status")).get("allocation")
@@ -64,7 +65,7 @@ def shares(claim: Mapping[str, Any], pool: str,
     if not isinstance(results, list) or not all(isinstance(r, Mapping) for r in results):
         raise AllocationError(f"claim {claim_name(claim)}: its allocation's results are not "
                               "a list of objects")
-    found = [_share(result, pool, offered, claim) for result in results
+    found = [_share(result, pool, offered, cores, claim) for result in results
              if result.get("driver") == DRIVER]
     if len({(s.cores, s.memory) for s in found}) > 1:
         raise AllocationError(
@@ -81,7 +82,7 @@ def _object(value: Any) -> Mapping[str, Any]:
 
 
 def _share(result: Mapping[str, Any], pool: str, offered: Mapping[str, tuple[str, int]],
-           claim: Mapping[str, Any]) -> Share:
+           offered_cores: int, claim: Mapping[str, Any]) -> Share:
     device = result.get("device", "")
     if result.get("pool") != pool:
         raise AllocationError(f"claim {claim_name(claim)}: device {device!s:.100} of pool "
@@ -97,13 +98,14 @@ def _share(result: Mapping[str, Any], pool: str, offered: Mapping[str, tuple[str
     if not isinstance(consumed, Mapping):
         raise AllocationError(f"claim {claim_name(claim)}: device {device}'s consumedCapacity "
                               "is not an object")
-    cores = _amount(consumed, "cores", CORES, 1, CORES, claim)
+    cores = _amount(consumed, "cores", offered_cores, 1, offered_cores, claim)
     memory = _amount(consumed, "memory", capacity, MEMORY_UNIT, capacity, claim)
     if memory % MEMORY_UNIT:
         raise AllocationError(f"claim {claim_name(claim)}: memory {memory} is not a whole "
                               f"number of {MEMORY_UNIT >> 20} MiB")
-    whole = cores == CORES and memory == capacity
-    return Share(request, device, uuid, cores, memory, whole)
+    whole = cores == offered_cores and memory == capacity
+    # Past 100 (compute overcommit) a claim is held to no share of the GPU's time.
+    return Share(request, device, uuid, min(cores, CORES), memory, whole)
 
 
 _MAX_QUANTITY = 64  # characters: more than any amount of a GPU takes to write

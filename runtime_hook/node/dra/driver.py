@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 
-from runtime_hook.contract import Gpu
+from runtime_hook.contract import Gpu, Sharing
 from runtime_hook.node.dra.kube import DraApi, DraApiError
 from runtime_hook.node.dra.plugin import KubeletPlugin, with_fix
 from runtime_hook.node.dra.prepare import Paths, Preparer
@@ -43,15 +43,15 @@ class Driver:
     """Serves kubelet and publishes the slice of ``node`` (its pool has the node's name)."""
 
     def __init__(self, settings: DraSettings, node: str, host_root: str, state_dir: str,
-                 scaling: float, api: DraApi, log: logging.Logger) -> None:
+                 sharing: Sharing, api: DraApi, log: logging.Logger) -> None:
         self._node = node
-        self._scaling = scaling
+        self._sharing = sharing
         self._api = api
         self._log = log
         self._node_uid: str | None = None  # read once: the Node owns the slice
         paths = Paths(host_root=host_root, state_dir=state_dir, cdi_dir=settings.cdi_dir,
                       library=settings.library, account_mib=settings.account_mib)
-        self._preparer = Preparer(paths, pool=node, scaling=scaling,
+        self._preparer = Preparer(paths, pool=node, sharing=sharing,
                                   gpu_kind=settings.gpu_cdi_kind)
         self.plugin = KubeletPlugin(self._preparer, api.claim, host_root, settings.kubelet_dir,
                                     log)
@@ -81,7 +81,7 @@ class Driver:
         try:
             if self._node_uid is None:
                 self._node_uid = self._api.node_uid(self._node)
-            done = publish(self._api, self._node, models, self._scaling, self._node_uid)
+            done = publish(self._api, self._node, models, self._sharing, self._node_uid)
         except DraApiError as exc:
             problems.report("resourceslice", f"node {self._node}", with_fix(exc))
             return

@@ -70,13 +70,13 @@ class Paths(Record):
 
 
 class Preparer:
-    """Prepares claims allocated from ``pool`` (this node's), with GPU memory times ``scaling``."""
+    """Prepares claims allocated from ``pool`` (this node's), under the node's ``sharing``."""
 
-    def __init__(self, paths: Paths, pool: str, scaling: float,
+    def __init__(self, paths: Paths, pool: str, sharing: contract.Sharing,
                  gpu_kind: str = cdi.NVIDIA_KIND) -> None:
         self._paths = paths
         self._pool = pool
-        self._scaling = scaling
+        self._sharing = sharing
         self._gpu_kind = gpu_kind
         self._state = StateDir(host_path(paths.host_root, paths.state_dir))
         self._cdi_dir = host_path(paths.host_root, paths.cdi_dir)
@@ -90,9 +90,9 @@ class Preparer:
                                f"kubelet asked for {uid!r}",
                                "the claim was deleted and created again: delete the pod")
         inventory = self._inventory()
-        offered = {device_name(g.uuid): (g.uuid, memory_capacity(g.memory, self._scaling))
+        offered = {device_name(g.uuid): (g.uuid, memory_capacity(g.memory, self._sharing))
                    for g in inventory.values()}
-        found = shares(claim, self._pool, offered)
+        found = shares(claim, self._pool, offered, self._sharing.cores())
         if not found:
             return []
         limited = not found[0].whole
@@ -155,9 +155,10 @@ class Preparer:
             return  # prepared before: kubelet asks again after a restart
         self._state.release(entry.container_id)  # half-built by a prepare that crashed
         self._state.release_gone()
-        committed = ledger.committed(ledger.entries(self._state))
+        records = ledger.entries(self._state)
         request = Request(container=entry.container, cores=entry.cores, memory=entry.memory)
-        reason = overcommit(request, entry.devices, committed, inventory, self._scaling)
+        reason = overcommit(request, entry.devices, ledger.committed(records), inventory,
+                            self._sharing, ledger.sharers(records))
         if reason:
             raise PrepareError(f"claim {claim_name(claim)}: {reason}", _FIX_OVERCOMMIT)
         ledger.commit(self._state, entry)

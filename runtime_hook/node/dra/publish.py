@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from runtime_hook.contract import Sharing
 from runtime_hook.node.dra.kube import DraApi
 from runtime_hook.node.dra.slices import GpuModel, resource_slice, slice_name
 
 
-def publish(api: DraApi, node: str, gpus: Iterable[GpuModel], scaling: float,
+def publish(api: DraApi, node: str, gpus: Iterable[GpuModel], sharing: Sharing,
             node_uid: str | None = None) -> str | None:
     """Make ``node``'s slice offer ``gpus``; return what was done ("created", "updated") or None.
 
@@ -19,13 +20,13 @@ def publish(api: DraApi, node: str, gpus: Iterable[GpuModel], scaling: float,
     gpus = list(gpus)
     current = api.slice(slice_name(node))
     if current is None:
-        api.create_slice(resource_slice(node, gpus, scaling, 1, node_uid))
+        api.create_slice(resource_slice(node, gpus, sharing, 1, node_uid))
         return "created"
     generation = int(current["spec"]["pool"].get("generation", 0))
-    wanted = resource_slice(node, gpus, scaling, generation, node_uid)
+    wanted = resource_slice(node, gpus, sharing, generation, node_uid)
     if _same(current, wanted):
         return None
-    wanted = resource_slice(node, gpus, scaling, generation + 1, node_uid)
+    wanted = resource_slice(node, gpus, sharing, generation + 1, node_uid)
     wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
     api.replace_slice(wanted)
     return "updated"

@@ -5,9 +5,12 @@ One slice per node, one pool named after the node. Each GPU is a device
 index) that may be allocated to many claims at once
 (``allowMultipleAllocations``), each consuming part of two capacities:
 
-- ``cores``: 100, percent of the GPU's time, in steps of 1 from 1;
+- ``cores``: 100 times the cores scaling, percent of the GPU's time, in steps
+  of 1 from 1;
 - ``memory``: the GPU's memory times the memory scaling, rounded down to
-  256 MiB, in bytes, in steps of 256 MiB from 256 MiB.
+  256 MiB, in bytes, in steps of 256 MiB from 256 MiB;
+- ``sharers``, only with a cap on sharers per GPU: the cap; every claim
+  consumes 1 of it, whatever it asks for.
 
 A request that leaves a capacity out consumes all of it (``requestPolicy.default``
 is the whole capacity): a claim that names neither gets the whole GPU, and
@@ -21,7 +24,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any
 
-from runtime_hook.contract import CORES_PER_GPU, MEMORY_UNIT
+from runtime_hook.contract import CORES_PER_GPU, MEMORY_UNIT, Sharing
 from runtime_hook.record import Record
 
 DRIVER = "vcuda.io"
@@ -53,9 +56,9 @@ def device_name(uuid: str) -> str:
     return name if name.startswith(("gpu-", "mig-")) else f"gpu-{name}"
 
 
-def memory_capacity(memory: int, scaling: float) -> int:
-    """Bytes of ``memory`` a GPU offers to claims: times ``scaling``, down to whole 256 MiB."""
-    return int(memory * scaling) // MEMORY_UNIT * MEMORY_UNIT
+def memory_capacity(memory: int, sharing: Sharing) -> int:
+    """Bytes of ``memory`` a GPU offers to claims: scaled, down to whole 256 MiB."""
+    return sharing.memory(memory) // MEMORY_UNIT * MEMORY_UNIT
 
 
 def slice_name(node: str) -> str:
@@ -67,11 +70,15 @@ def slice_name(node: str) -> str:
     return f"{node[: _MAX_NAME - len(DRIVER) - 12]}-{digest}-{DRIVER}"
 
 
-def devices(gpus: Iterable[GpuModel], scaling: float) -> list[dict[str, Any]]:
+def devices(gpus: Iterable[GpuModel], sharing: Sharing) -> list[dict[str, Any]]:
     """The slice's devices for ``gpus``, sorted by index."""
     found = []
+    capacity = {"cores": _capacity(sharing.cores(), 1, 1)}
+    if sharing.max_sharers:
+        capacity["sharers"] = {"value": str(sharing.max_sharers),
+                               "requestPolicy": {"default": "1", "validValues": ["1"]}}
     for gpu in sorted(gpus, key=lambda g: g.index):
-        memory = memory_capacity(gpu.memory, scaling)
+        memory = memory_capacity(gpu.memory, sharing)
         if memory < MEMORY_UNIT:
             continue  # nothing a claim could consume
         major, minor = gpu.compute_capability
@@ -85,14 +92,14 @@ def devices(gpus: Iterable[GpuModel], scaling: float) -> list[dict[str, Any]]:
                 "cudaComputeCapability": {"version": f"{major}.{minor}.0"},
             },
             "capacity": {
-                "cores": _capacity(CORES, 1, 1),
+                **capacity,
                 "memory": _capacity(memory, MEMORY_UNIT, MEMORY_UNIT, binary=True),
             },
         })
     return found
 
 
-def resource_slice(node: str, gpus: Iterable[GpuModel], scaling: float, generation: int,
+def resource_slice(node: str, gpus: Iterable[GpuModel], sharing: Sharing, generation: int,
                    node_uid: str | None = None) -> dict[str, Any]:
     """``node``'s whole ResourceSlice object, its pool at ``generation``.
 
@@ -111,7 +118,7 @@ def resource_slice(node: str, gpus: Iterable[GpuModel], scaling: float, generati
             "driver": DRIVER,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": devices(gpus, scaling),
+            "devices": devices(gpus, sharing),
         },
     }
 
