@@ -274,9 +274,11 @@ NVIDIA_SHARED_RESOURCE = "nvidia.com/gpu.shared"
 
 def render_limits_annotation(limits: dict[str, dict[str, int]]) -> str:
     """The annotation's value for ``{container: {"cores": c, "memory": bytes}}``, keys sorted."""
-    import json  # the webhook and the demo render; the hook only reads
+    # The webhook and the demo render, once a review (msgspec: a twelfth of json's cost);
+    # the hook only reads.
+    import msgspec
 
-    return json.dumps(limits, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return msgspec.json.encode(limits, order="sorted").decode()
 
 
 def container_limits(value: str, container: str) -> tuple[int, int] | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import pytest
+import uvloop
 
 from tests.json_log import written_entries
 from webhook.config import Config
@@ -81,16 +82,22 @@ class SecretVolume:
         self.write(pair.certificate_pem, pair.key_pem)
 
 
+# The loop vcuda-webhook runs on (its C TLS layer with it), and asyncio's own.
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+
+
 class RunningServer:
-    """The webhook server on 127.0.0.1, in a thread with its own event loop."""
+    """The webhook server on 127.0.0.1, in a thread with its own event loop (uvloop's,
+    as in ``vcuda-webhook``, unless ``loop`` names another of LOOPS)."""
 
     def __init__(self, webhook: WebhookServer, client: ssl.SSLContext, log_file: Path,
-                 log_stream: BinaryIO) -> None:
+                 log_stream: BinaryIO, loop: str = "uvloop") -> None:
         self.client_context = client
         self.log_file = log_file
         self._log_stream = log_stream
         self._webhook = webhook
-        self._loop = asyncio.new_event_loop()
+        self._loop = LOOPS[loop]()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self.port = self._call(webhook.start("127.0.0.1", 0))
@@ -162,14 +169,16 @@ def secret(tmp_path: Path, ca: KeyPair) -> SecretVolume:
 
 def start_server(secret: SecretVolume, client: ssl.SSLContext, log_file: Path,
                  config: Config | None = None, guards: Guards = DEFAULT_GUARDS,
-                 api: Credentials | None = None, nodes_interval: float = 60.0) -> RunningServer:
-    """The server on a free port; ``api``: where it reads the Nodes' largest GPU share."""
+                 api: Credentials | None = None, nodes_interval: float = 60.0,
+                 loop: str = "uvloop") -> RunningServer:
+    """The server on a free port; ``api``: where it reads the Nodes' largest GPU share;
+    ``loop``: which of LOOPS it runs on."""
     stream = log_file.open("ab")
     log = make_logger(stream)
     certificates = CertificateReloader(secret.cert_file, secret.key_file, log)
     webhook = WebhookServer(config or Config(), certificates, log, RELOAD_INTERVAL, guards, api,
                             nodes_interval)
-    return RunningServer(webhook, client, log_file, stream)
+    return RunningServer(webhook, client, log_file, stream, loop)
 
 
 @pytest.fixture

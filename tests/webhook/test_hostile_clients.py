@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.webhook.builders import pod, review, shared
-from tests.webhook.conftest import RunningServer, SecretVolume, start_server
+from tests.webhook.conftest import LOOPS, RunningServer, SecretVolume, start_server
 from tests.webhook.test_server import metric
 from webhook import serving
 from webhook.serving import Guards
@@ -24,10 +24,11 @@ FAST = Guards(max_connections=4, max_buffered=1 << 20, handshake_timeout=0.5,
 _REVIEW_HEAD = '{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":'
 
 
-@pytest.fixture
-def guarded(secret: SecretVolume, client_context: ssl.SSLContext,
-            tmp_path: Path) -> Iterator[RunningServer]:
-    running = start_server(secret, client_context, tmp_path / "webhook.log", guards=FAST)
+@pytest.fixture(params=list(LOOPS))  # each loop has its own TLS layer, which the guards wrap
+def guarded(secret: SecretVolume, client_context: ssl.SSLContext, tmp_path: Path,
+            request: pytest.FixtureRequest) -> Iterator[RunningServer]:
+    running = start_server(secret, client_context, tmp_path / "webhook.log", guards=FAST,
+                           loop=request.param)
     yield running
     running.stop()
 
@@ -147,6 +148,29 @@ def test_connections_still_in_their_handshake_count_against_the_cap(
     assert _closed_within(extra, 2) < FAST.handshake_timeout  # not left to its deadline
     for sock in bare:
         sock.close()
+
+
+def test_connections_that_drop_or_fail_their_handshake_give_their_place_back(
+        guarded: RunningServer) -> None:
+    dropped = [socket.create_connection(("127.0.0.1", guarded.port), timeout=5)
+               for _ in range(FAST.max_connections // 2)]
+    for sock in dropped:
+        sock.close()
+    failed = [socket.create_connection(("127.0.0.1", guarded.port), timeout=5)
+              for _ in range(FAST.max_connections - len(dropped))]
+    for sock in failed:  # plain HTTP where a TLS ClientHello is due
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _closed_within(sock, 2) < FAST.handshake_timeout
+        sock.close()
+    time.sleep(0.1)
+    held = [_tls(guarded) for _ in range(FAST.max_connections)]
+    for sock in held:  # the whole cap is free again
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        sock.close()
+    closed = 'vcuda_webhook_connections_closed_total{reason="connection_limit"}'
+    time.sleep(0.1)
+    assert metric(_metrics(guarded), closed) == 0
 
 
 def test_a_body_that_does_not_arrive_in_time_gets_408_and_the_connection_closed(
