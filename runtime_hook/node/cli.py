@@ -101,6 +101,13 @@ def _common(parser: argparse.ArgumentParser, state_dir: bool = True) -> None:
     parser.add_argument("--log-level", choices=LEVELS, default="info")
 
 
+def _node_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME",
+                        help=what)
+    parser.add_argument("--kubeconfig", metavar="FILE",
+                        help="credentials for --node-name (default: the pod's service account)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vcuda-node", description=_DESCRIPTION,
@@ -134,6 +141,8 @@ def _parser() -> argparse.ArgumentParser:
                          help="share of each GPU's memory the hook lets limited containers "
                               "commit; give run the same value (default: 1)")
     install.add_argument("--restart-runtime", **restart)
+    _node_flags(install, "record an Event on this Node when the install changed something "
+                "(default: $NODE_NAME; neither: no Event)")
 
     uninstall = commands.add_parser("uninstall", help="remove what install wrote",
                                     description="Remove what install wrote, as its record "
@@ -142,12 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     uninstall.add_argument("--prefix", type=_absolute, default=DEFAULT_PREFIX, metavar="DIR",
                            help=f"the install's prefix (default: {DEFAULT_PREFIX})")
     uninstall.add_argument("--restart-runtime", **restart)
-    uninstall.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME",
-                           help="also take vcuda's resources and annotations off this Node "
-                                "(default: $NODE_NAME; neither: the files alone)")
-    uninstall.add_argument("--kubeconfig", metavar="FILE",
-                           help="credentials for --node-name (default: the pod's service "
-                                "account)")
+    _node_flags(uninstall, "also take vcuda's resources and annotations off this Node, and "
+                "record an Event on it (default: $NODE_NAME; neither: the files alone)")
 
     agent = commands.add_parser("run", help="advertise the GPUs and serve metrics",
                                 description="Advertise the node's GPUs and serve metrics "
@@ -229,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     action = install.install if args.command == "install" else install.uninstall
     try:
-        action(options, log)
+        changed = action(options, log)
         if args.command == "uninstall" and args.node_name:
             _clean_node(args.node_name, args.kubeconfig, log)
+        if changed and args.node_name:
+            _tell_node(args, changed, log)
     except (install.InstallError, NodeError, OSError) as exc:
         event(log, logging.ERROR, f"{args.command}_failed", error=str(exc))
         print(f"vcuda-node {args.command}: {exc}", file=sys.stderr)
@@ -244,6 +251,25 @@ def _clean_node(node: str, kubeconfig: str | None, log: logging.Logger) -> None:
     from runtime_hook.node.node_cleanup import clean_node
 
     clean_node(NodeStatus(node, kubeconfig), log)
+
+
+def _tell_node(args: argparse.Namespace, changed: list[str], log: logging.Logger) -> None:
+    """Record on the Node what install or uninstall changed; a failure is logged alone."""
+    from runtime_hook.node.advertise import AdvertiseError, NodeStatus
+    from runtime_hook.node.kube_events import NORMAL, EventRecorder
+
+    try:
+        recorder = EventRecorder(NodeStatus(args.node_name, args.kubeconfig).client,
+                                 args.node_name, log)
+    except AdvertiseError as exc:
+        event(log, logging.WARNING, "event_not_recorded", error=str(exc))
+        return
+    if args.command == "install":
+        recorder.node_event(NORMAL, "VcudaInstalled", "Install",
+                            f"vcuda installed under {args.prefix}; changed: " + ", ".join(changed))
+    else:
+        recorder.node_event(NORMAL, "VcudaUninstalled", "Uninstall",
+                            f"vcuda removed from {args.prefix}; removed: " + ", ".join(changed))
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging.Logger) -> int:

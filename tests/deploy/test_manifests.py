@@ -406,6 +406,27 @@ def test_node_agent_may_only_read_and_annotate_nodes_and_patch_their_status() ->
         ("nodes", ("get", "patch")), ("nodes/status", ("patch",))]
 
 
+def test_node_agent_may_write_events_in_its_own_namespace_alone() -> None:
+    """runtime_hook/node/kube_events.py creates its Node's Events and patches their counts,
+    in the namespace the DaemonSet gives it as $POD_NAMESPACE."""
+    role = find("Role", "vcuda-node-events")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"],
+                              "verbs": ["create", "patch"]}]
+    binding = find("RoleBinding", "vcuda-node-events")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vcuda-node",
+                                    "namespace": NAMESPACE}]
+    for kind, name in (("DaemonSet", "vcuda-node"), ("DaemonSet", "vcuda-node-uninstall")):
+        spec = find(kind, name)["spec"]["template"]["spec"]
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            if container["command"][0] != "vcuda-node":
+                continue
+            env = {e["name"]: e.get("valueFrom") for e in container.get("env", [])}
+            assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+            assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
 def test_only_with_placement_does_the_node_agent_read_pods() -> None:
     """runtime_hook/node/placement_agent.py is the one caller of the pod reads."""
     component = yaml.safe_load((ROOT / "placement" / "component" / "kustomization.yaml")
