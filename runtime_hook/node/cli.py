@@ -40,6 +40,9 @@ The node agent of vcuda, run on each GPU node by the vcuda-node DaemonSet.
               the container runtime (containerd or CRI-O) its vcuda handler
   uninstall   remove exactly what install wrote, and vcuda's resources and
               annotations from the node's Node object (--node-name)
+  status      show what this node runs: the install and its runtime configuration,
+              each GPU's committed and free memory and cores and its sharers, and
+              each limited container's limits and use, with the fix for each problem
   run         keep the GPU inventory that the hook reads and the node's
               <domain>/vcuda-core and <domain>/vcuda-memory resources in step with
               the GPUs, and serve per-container GPU metrics for Prometheus
@@ -62,6 +65,16 @@ metrics (http://ADDRESS:PORT/metrics), labels namespace, pod, container, node, g
 
 example, on a GPU machine without Kubernetes (commands started by vcuda-run):
   vcuda-node run --no-advertise --vcuda-run-dir /tmp --port 9400
+"""
+
+
+_STATUS_EPILOG = """\
+free is the GPU's memory, and 100% of its cores, less what is committed; the hook gives
+a share only where both fit (with install's --memory-scaling, memory times that).
+
+examples:
+  kubectl -n vcuda-system exec ds/vcuda-node -c agent -- vcuda-node status --host-root /host
+  vcuda-node status --json | jq '.gpus[] | {uuid, memory_free, sharers}'
 """
 
 
@@ -154,6 +167,22 @@ def _parser() -> argparse.ArgumentParser:
     _node_flags(uninstall, "also take vcuda's resources and annotations off this Node, and "
                 "record an Event on it (default: $NODE_NAME; neither: the files alone)")
 
+    status = commands.add_parser(
+        "status", help="show what this node runs", epilog=_STATUS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Show what vcuda runs on this node, read from the node itself (no "
+        "Kubernetes): whether vcuda is installed under PREFIX and into which runtime "
+        "configuration; each GPU (NVML's, else the hook's inventory) with the memory and "
+        "cores its limited containers committed, what is free and who shares it; each "
+        "limited container with its limits and its use (the hook's ledger, the shim's "
+        "accounts, NVML); and each problem found with its fix. Exit status 0, or 2 when "
+        "problems were found.")
+    _common(status)
+    status.add_argument("--prefix", type=_absolute, default=DEFAULT_PREFIX, metavar="DIR",
+                        help=f"the install's prefix (default: {DEFAULT_PREFIX})")
+    status.add_argument("--json", action="store_true",
+                        help="print one JSON object instead of lines for a person")
+
     agent = commands.add_parser("run", help="advertise the GPUs and serve metrics",
                                 description="Advertise the node's GPUs and serve metrics "
                                 "until stopped (SIGTERM).", epilog=_RUN_EPILOG,
@@ -219,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     log = setup(args.log_level)
     if args.command == "run":
         return _run(parser, args, log)
+    if args.command == "status":
+        return _status(args)
     from runtime_hook.node import install
 
     options = install.Options(
@@ -251,6 +282,24 @@ def _clean_node(node: str, kubeconfig: str | None, log: logging.Logger) -> None:
     from runtime_hook.node.node_cleanup import clean_node
 
     clean_node(NodeStatus(node, kubeconfig), log)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from runtime_hook.node import status
+    from runtime_hook.node.nvml import Nvml
+
+    nvml = Nvml(host_root=args.host_root)
+    try:
+        found = status.gather(args.host_root, args.prefix, args.state_dir, nvml)
+    finally:
+        nvml.close()
+    if args.json:
+        print(json.dumps(status.as_json(found), indent=2))
+    else:
+        print(status.as_text(found), end="")
+    return 2 if found.problems else 0
 
 
 def _tell_node(args: argparse.Namespace, changed: list[str], log: logging.Logger) -> None:
