@@ -269,17 +269,40 @@ def test_the_webhooks_network_policy_is_a_component_an_overlay_takes() -> None:
     assert component["kind"] == "Component" and component["resources"] == ["networkpolicy.yaml"]
 
 
-def test_only_addresses_outside_the_pod_network_and_scrapers_reach_the_webhook() -> None:
+def test_only_addresses_outside_the_pod_network_and_prometheus_reach_the_webhook() -> None:
     policy = find("NetworkPolicy", "vcuda-webhook")["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= _webhook_pod()["metadata"][
         "labels"].items()
     assert policy["policyTypes"] == ["Ingress"]
-    [rule] = policy["ingress"]
-    assert rule["ports"] == [{"port": "https", "protocol": "TCP"}]
-    blocks = [peer["ipBlock"] for peer in rule["from"] if "ipBlock" in peer]
-    assert {"cidr": "0.0.0.0/0", "except": ["10.244.0.0/16", "10.42.0.0/16"]} in blocks
-    others = [peer for peer in rule["from"] if "ipBlock" not in peer]
-    assert others == [{"namespaceSelector": {"matchLabels": {"vcuda.io/scrape-webhook": "true"}}}]
+    api_server, prometheus = policy["ingress"]
+    for rule in (api_server, prometheus):
+        assert rule["ports"] == [{"port": "https", "protocol": "TCP"}]
+    assert api_server["from"] == [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.244.0.0/16", "10.42.0.0/16"]}},
+        {"ipBlock": {"cidr": "::/0"}}]
+    # One peer with both selectors: Prometheus' pods of that namespace, not all of either.
+    assert prometheus["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    monitor = yaml.safe_load((ROOT / "monitoring" / "webhook-servicemonitor.yaml").read_text())
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["https"]
+
+
+@pytest.mark.parametrize("kind,name", [("Deployment", "vcuda-scheduler"),
+                                       ("DaemonSet", "vcuda-scheduler-extender")])
+def test_the_extenders_metrics_port_is_the_one_its_pod_monitor_scrapes(kind: str,
+                                                                      name: str) -> None:
+    [extender] = [c for c in find(kind, name)["spec"]["template"]["spec"]["containers"]
+                  if c["command"][0] == "vcuda-scheduler-extender"]
+    command = extender["command"]
+    assert command[command.index("--host") + 1] == "127.0.0.1"  # its verbs stay local
+    port = int(command[command.index("--metrics-port") + 1])
+    assert extender["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    monitor = yaml.safe_load((ROOT / "monitoring" / "extender-podmonitor.yaml").read_text())
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    labels = find(kind, name)["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] in monitor["spec"]["selector"][
+        "matchExpressions"][0]["values"]
 
 
 def test_webhook_probes_health_and_readiness_over_https() -> None:
@@ -836,7 +859,7 @@ def test_the_extender_listens_on_loopback_only_where_its_scheduler_reaches_it() 
     for spec in (scheduler, daemonset):
         [extender] = [c for c in spec["containers"] if "/vcuda/vcuda:" in c["image"]]
         assert extender["command"] == ["vcuda-scheduler-extender", "--host", "127.0.0.1",
-                                       "--port", "8888"]
+                                       "--port", "8888", "--metrics-port", "9401"]
     assert daemonset["serviceAccountName"] == "vcuda-scheduler-extender"
     assert daemonset["hostNetwork"] is True
     assert daemonset["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
