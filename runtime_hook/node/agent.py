@@ -76,6 +76,11 @@ class Advertiser:
             migs = self._nvml.mig_devices(found, self.problems)
         except NvmlError as exc:  # keep what was advertised: the driver may be restarting
             self.problems.report("nvml", "NVML", str(exc))
+            if self._events is not None:
+                from runtime_hook.node.kube_events import WARNING
+
+                self._events.node_event(WARNING, "NVMLUnavailable", "ReadGPUs",
+                                        f"{exc}; the node keeps its last GPUs advertised")
         else:
             gpus = [Gpu(g.uuid, g.index, g.memory_total) for g in found]
             self._write_inventory(gpus + migs)  # the hook checks MIG devices too

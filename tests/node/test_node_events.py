@@ -130,13 +130,13 @@ def test_an_unreachable_api_costs_a_log_line_not_the_agent(
 # --- what the agent records --------------------------------------------------------------------
 
 def _advertiser(tmp_path: Path, kubeconfig: str, devices: list[FakeDevice],
-                clock: Clock) -> Advertiser:
+                clock: Clock, driver_loaded: bool = True) -> Advertiser:
     settings = Settings(host_root=str(tmp_path / "host"), state_dir="/run/vcuda", node=NODE,
                         domains=("docker.com",), memory_scaling=1.0, address="127.0.0.1",
                         port=0, interval=1.0, run_dirs=[], advertise=True,
                         kubeconfig=kubeconfig)
     log = logging.getLogger("vcuda-node")
-    return Advertiser(Nvml(FakeNvml(devices)), settings, NodeStatus(NODE, kubeconfig), log,
+    return Advertiser(Nvml(FakeNvml(devices, driver_loaded)), settings, NodeStatus(NODE, kubeconfig), log,
                       events=_recorder(kubeconfig, clock, log))
 
 
@@ -154,6 +154,21 @@ def test_the_agent_tells_the_node_when_its_gpus_change_and_not_when_they_stay(
          "0: GPU-a (80.0 GiB), 1: GPU-b (40.0 GiB)", NODE),
         ("GPUInventoryChanged", "the GPUs the hook may give containers are now 1: "
          "0: GPU-a (80.0 GiB)", NODE)]
+
+
+def test_nvml_failing_every_pass_is_one_warning_counted_in_its_series(
+    api: FakeNodesApi, kubeconfig: str, tmp_path: Path
+) -> None:
+    clock = Clock()
+    advertiser = _advertiser(tmp_path, kubeconfig, [], clock, driver_loaded=False)
+    for _ in range(3):
+        advertiser.once()
+        clock.now += 30
+    [failing] = api.events()
+    assert (failing["type"], failing["reason"], failing["regarding"]) == (
+        "Warning", "NVMLUnavailable", REGARDING)
+    assert failing["note"].endswith("; the node keeps its last GPUs advertised")
+    assert failing["series"]["count"] == 3
 
 
 def test_starts_the_hook_refused_since_the_last_pass_are_one_warning_with_their_count(
