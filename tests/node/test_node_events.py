@@ -136,8 +136,8 @@ def _advertiser(tmp_path: Path, kubeconfig: str, devices: list[FakeDevice],
                         port=0, interval=1.0, run_dirs=[], advertise=True,
                         kubeconfig=kubeconfig)
     log = logging.getLogger("vcuda-node")
-    return Advertiser(Nvml(FakeNvml(devices, driver_loaded)), settings, NodeStatus(NODE, kubeconfig), log,
-                      events=_recorder(kubeconfig, clock, log))
+    return Advertiser(Nvml(FakeNvml(devices, driver_loaded)), settings,
+                      NodeStatus(NODE, kubeconfig), log, events=_recorder(kubeconfig, clock, log))
 
 
 def test_the_agent_tells_the_node_when_its_gpus_change_and_not_when_they_stay(
