@@ -11,7 +11,6 @@ cycle. Recording never fails the caller: an Event that cannot be written is logg
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -24,9 +23,9 @@ from runtime_hook.node.logs import event
 
 NORMAL, WARNING = "Normal", "Warning"
 CONTROLLER = "vcuda.io/node-agent"  # reportingController of every Event the agent writes
-# The agent writes its Node's Events into its own namespace (the DaemonSet gives it as
-# $POD_NAMESPACE), where its Role allows it; kubectl describe node finds them in any namespace.
-NAMESPACE_VARIABLE, OUTSIDE_A_POD = "POD_NAMESPACE", "default"
+# The API takes an Event about a cluster-scoped object (a Node) in default or kube-system
+# alone; vcuda's Role there allows the agent to create and patch Events and nothing else.
+NODE_EVENTS_NAMESPACE = "default"
 SERIES_INTERVAL = 60.0  # seconds between two writes of one Event's series
 _KEPT = 256  # kinds of Event remembered for aggregation (the oldest is forgotten)
 
@@ -46,10 +45,10 @@ class EventRecorder:
 
     def __init__(self, api: Any, node: str, log: logging.Logger,
                  clock: Callable[[], float] = time.time,
-                 interval: float = SERIES_INTERVAL, namespace: str | None = None) -> None:
-        """``namespace``: where the Events go (default: $POD_NAMESPACE, else ``default``)."""
+                 interval: float = SERIES_INTERVAL,
+                 namespace: str = NODE_EVENTS_NAMESPACE) -> None:
         self._client = api
-        self._namespace = namespace or os.environ.get(NAMESPACE_VARIABLE) or OUTSIDE_A_POD
+        self._namespace = namespace
         self._node = node
         self._log = log
         self._clock = clock
@@ -84,7 +83,7 @@ class EventRecorder:
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {"name": name, "namespace": self._namespace},
             "eventTime": _micro_time(now), "type": type_, "reason": reason, "action": action,
-            "note": note[:1024],  # the API refuses longer notes
+            "note": note.encode()[:1024].decode(errors="ignore"),  # the API's bound, bytes
             "reportingController": CONTROLLER, "reportingInstance": f"{CONTROLLER}-{self._node}",
             "regarding": {"apiVersion": "v1", "kind": "Node", "name": self._node,
                           "uid": self._node},  # kubelet's convention: a Node's uid is its name

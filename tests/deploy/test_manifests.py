@@ -25,6 +25,7 @@ from runtime_hook.hook_cli import DEFAULT_STATE_DIR
 from runtime_hook.node.agent import PLUGIN_DIR, POD_RESOURCES
 from runtime_hook.node.cdi_files import DEFAULT_DIR as CDI_DIR
 from runtime_hook.node.host_root import host_path
+from runtime_hook.node.kube_events import NODE_EVENTS_NAMESPACE
 from runtime_hook.node.runtime_config import (
     BASE_SPEC,
     CONTAINERD_CONFIG,
@@ -125,12 +126,15 @@ def test_placement_and_dra_together_do_not_build(resources: list[str], component
 
 
 def test_vcuda_owns_no_namespace_but_its_own() -> None:
-    """`kubectl delete -k manifests/` must not delete software vcuda did not install; its one
-    object elsewhere is kube-scheduler's binding to the API server's authentication reader."""
+    """`kubectl delete -k manifests/` must not delete software vcuda did not install; its
+    objects elsewhere are kube-scheduler's binding to the API server's authentication reader
+    and the node agent's grant of Events about its Node (which the API takes in default)."""
     assert [o["metadata"]["name"] for o in all_objects() if o["kind"] == "Namespace"] == [NAMESPACE]
     elsewhere = [_key(o) for o in all_objects()
                  if o["metadata"].get("namespace", NAMESPACE) != NAMESPACE]
-    assert elsewhere == [("RoleBinding", "kube-system", "vcuda-scheduler-authentication-reader")]
+    assert sorted(elsewhere) == [
+        ("Role", "default", "vcuda-node-events"), ("RoleBinding", "default", "vcuda-node-events"),
+        ("RoleBinding", "kube-system", "vcuda-scheduler-authentication-reader")]
     assert all(o["kind"] != "Namespace" and "namespace" not in o["metadata"]
                for o in documents(DEVICE_PLUGIN_CONFIG))
 
@@ -429,25 +433,23 @@ def test_node_agent_may_only_read_and_annotate_nodes_and_patch_their_status() ->
         ("nodes", ("get", "patch")), ("nodes/status", ("patch",))]
 
 
-def test_node_agent_may_write_events_in_its_own_namespace_alone() -> None:
-    """runtime_hook/node/kube_events.py creates its Node's Events and patches their counts,
-    in the namespace the DaemonSet gives it as $POD_NAMESPACE."""
+def test_node_agent_may_write_events_in_the_namespace_default_alone() -> None:
+    """runtime_hook/node/kube_events.py creates its Node's Events and patches their counts in
+    default, where the API takes Events about cluster-scoped objects (or kube-system)."""
     role = find("Role", "vcuda-node-events")
-    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["metadata"]["namespace"] == NODE_EVENTS_NAMESPACE == "default"
     assert role["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"],
                               "verbs": ["create", "patch"]}]
     binding = find("RoleBinding", "vcuda-node-events")
-    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["metadata"]["namespace"] == "default"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vcuda-node",
                                     "namespace": NAMESPACE}]
     for kind, name in (("DaemonSet", "vcuda-node"), ("DaemonSet", "vcuda-node-uninstall")):
         spec = find(kind, name)["spec"]["template"]["spec"]
         for container in spec.get("initContainers", []) + spec["containers"]:
-            if container["command"][0] != "vcuda-node":
-                continue
-            env = {e["name"]: e.get("valueFrom") for e in container.get("env", [])}
-            assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
-            assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+            if container["command"][0] == "vcuda-node":  # install, uninstall: their Node's
+                env = {e["name"]: e.get("valueFrom") for e in container.get("env", [])}
+                assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_only_with_placement_does_the_node_agent_read_pods() -> None:

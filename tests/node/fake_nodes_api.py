@@ -14,8 +14,9 @@
   ``Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1``,
   as a ``PartialObjectMetadataList`` of the nodes' metadata alone;
 - ``POST /apis/events.k8s.io/v1/namespaces/<ns>/events`` (409 when the name is taken, 422
-  without ``reason``, ``regarding`` or ``eventTime``) and ``PATCH .../events/<name>`` with a
-  JSON merge patch (404 when there is none), as the API serves Events;
+  without ``reason``, ``regarding`` or ``eventTime``, or about a cluster-scoped object in a
+  namespace other than default and kube-system, as the API validates Events), and
+  ``PATCH .../events/<name>`` with a JSON merge patch (404 when there is none);
 - the same with ``watch=true``: a watch, as kube-apiserver serves it. Its events
   (``{"type": "ADDED" | "MODIFIED" | "DELETED" | "ERROR", "object": ...}``, one
   JSON object a line, in chunks as they happen) follow ``resourceVersion``: none
@@ -164,6 +165,10 @@ class FakeNodesApi(FakeKubeApi):
             if missing or not name:
                 raise ApiError(422, "Invalid", f"Event {name!r} is invalid: "
                                + ", ".join(missing or ["metadata.name"]) + ": Required value")
+            if not created["regarding"].get("namespace") and namespace not in (
+                    "default", "kube-system"):
+                raise ApiError(422, "Invalid", f'Event "{name}" is invalid: involvedObject.'
+                               'namespace: Invalid value: "": does not match event.namespace')
             item = f"{path}/{name}"
             with self.lock:
                 if item in self.objects:

@@ -19,7 +19,7 @@ from tests.node.fake_nodes_api import FakeNodesApi
 from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
 from tests.node.nodes import Node
 
-NAMESPACE = "vcuda-system"
+NAMESPACE = "default"  # the API takes Events about a Node there or in kube-system alone
 REGARDING = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE}
 
 
@@ -103,10 +103,22 @@ def test_an_expired_event_is_created_anew(api: FakeNodesApi, kubeconfig: str) ->
     assert stored["reason"] == "ContainerStartRefused" and "series" not in stored
 
 
+def test_an_event_about_the_node_is_refused_outside_default_and_kube_system(
+    api: FakeNodesApi, kubeconfig: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    api.rules = None  # allowed everywhere: the API's validation still refuses it
+    with caplog.at_level(logging.WARNING):
+        _recorder(kubeconfig, Clock(), namespace="vcuda-system").node_event(
+            NORMAL, "GPUInventoryChanged", "WriteInventory", "two GPUs")
+    assert api.events() == []
+    [record] = caplog.records
+    assert record.fields["status"] == 422  # type: ignore[attr-defined]
+
+
 def test_an_event_the_api_forbids_is_logged_with_the_fix_and_the_caller_goes_on(
     api: FakeNodesApi, kubeconfig: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    recorder = _recorder(kubeconfig, Clock(), namespace="elsewhere")  # the Role's is not it
+    recorder = _recorder(kubeconfig, Clock(), namespace="kube-system")  # not the Role's
     with caplog.at_level(logging.WARNING):
         recorder.node_event(NORMAL, "GPUInventoryChanged", "WriteInventory", "two GPUs")
     assert api.events() == []
@@ -195,10 +207,8 @@ def test_starts_the_hook_refused_since_the_last_pass_are_one_warning_with_their_
 
 
 def test_install_and_uninstall_tell_the_node_what_they_changed(
-    node: Node, library: Path, api: FakeNodesApi, kubeconfig: str,
-    monkeypatch: pytest.MonkeyPatch,
+    node: Node, library: Path, api: FakeNodesApi, kubeconfig: str
 ) -> None:
-    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
     common = ("--node-name", NODE, "--kubeconfig", kubeconfig)
     first = node.run("install", "--library", str(library), *common)
     assert first.returncode == 0, first.stderr
