@@ -78,13 +78,15 @@ class EventRecorder:
 
     def _create(self, key: tuple[str, str, str], type_: str, reason: str, action: str,
                 note: str, occurrences: int, now: float) -> None:
-        name = f"{self._node}.{time.time_ns():x}"  # as Kubernetes names them: object.time
+        # As Kubernetes names them, object.time, within a DNS subdomain's 253 characters.
+        name = f"{self._node[:236]}.{time.time_ns():x}"
         body: dict[str, Any] = {
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {"name": name, "namespace": self._namespace},
             "eventTime": _micro_time(now), "type": type_, "reason": reason, "action": action,
             "note": note.encode()[:1024].decode(errors="ignore"),  # the API's bound, bytes
-            "reportingController": CONTROLLER, "reportingInstance": f"{CONTROLLER}-{self._node}",
+            "reportingController": CONTROLLER,
+            "reportingInstance": f"{CONTROLLER}-{self._node}"[:128],
             "regarding": {"apiVersion": "v1", "kind": "Node", "name": self._node,
                           "uid": self._node},  # kubelet's convention: a Node's uid is its name
         }

@@ -14,8 +14,10 @@
   ``Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1``,
   as a ``PartialObjectMetadataList`` of the nodes' metadata alone;
 - ``POST /apis/events.k8s.io/v1/namespaces/<ns>/events`` (409 when the name is taken, 422
-  without ``reason``, ``regarding`` or ``eventTime``, or about a cluster-scoped object in a
-  namespace other than default and kube-system, as the API validates Events), and
+  without ``reason``, ``action``, ``regarding``, ``eventTime`` or a reporting controller and
+  instance, with a field past the API's bound or a type but Normal and Warning, or about a
+  cluster-scoped object in a namespace but default and kube-system, as the API validates
+  Events), and
   ``PATCH .../events/<name>`` with a JSON merge patch (404 when there is none);
 - the same with ``watch=true``: a watch, as kube-apiserver serves it. Its events
   (``{"type": "ADDED" | "MODIFIED" | "DELETED" | "ERROR", "object": ...}``, one
@@ -161,10 +163,18 @@ class FakeNodesApi(FakeKubeApi):
             self.authorize("create", "events.k8s.io", "events", namespace, None)
             created = json_body(body)
             name = (created.get("metadata") or {}).get("name") or ""
-            missing = [f for f in ("reason", "regarding", "eventTime") if not created.get(f)]
+            missing = [f for f in ("reason", "action", "regarding", "eventTime",
+                                   "reportingController", "reportingInstance")
+                       if not created.get(f)]
             if missing or not name:
                 raise ApiError(422, "Invalid", f"Event {name!r} is invalid: "
                                + ", ".join(missing or ["metadata.name"]) + ": Required value")
+            too_long = [f for f, most in (("reason", 128), ("action", 128), ("note", 1024),
+                                          ("reportingInstance", 128))
+                        if len(str(created.get(f, "")).encode()) > most]
+            if too_long or created.get("type") not in ("Normal", "Warning"):
+                raise ApiError(422, "Invalid", f'Event "{name}" is invalid: '
+                               + ", ".join(too_long or ["type"]) + ": Invalid value")
             if not created["regarding"].get("namespace") and namespace not in (
                     "default", "kube-system"):
                 raise ApiError(422, "Invalid", f'Event "{name}" is invalid: involvedObject.'

@@ -82,6 +82,18 @@ def test_several_occurrences_at_once_start_the_series_with_their_count(
     assert stored["series"]["count"] == 3
 
 
+def test_a_long_note_and_node_name_are_cut_to_what_the_api_takes(
+    api: FakeNodesApi, kubeconfig: str
+) -> None:
+    node = "n" * 250
+    recorder = EventRecorder(NodeStatus(NODE, kubeconfig).client, node,
+                             logging.getLogger("vcuda-node"), Clock(), 60.0, NAMESPACE)
+    recorder.node_event(NORMAL, "VcudaInstalled", "Install", "é" * 600)  # 1200 bytes
+    [stored] = api.events()
+    assert stored["note"] == "é" * 512
+    assert len(stored["metadata"]["name"]) <= 253 and len(stored["reportingInstance"]) == 128
+
+
 def test_another_note_is_another_event(api: FakeNodesApi, kubeconfig: str) -> None:
     recorder = _recorder(kubeconfig, Clock())
     recorder.node_event(NORMAL, "GPUInventoryChanged", "WriteInventory", "two GPUs")
