@@ -105,9 +105,10 @@ class NodeStatus:
 
         self.node = node
         try:
-            self._api = client.CoreV1Api(api_client(kubeconfig))
+            self.client = api_client(kubeconfig)  # shared with the node's Event recorder
         except CredentialsError as exc:
             raise AdvertiseError(str(exc), exc.fix) from None
+        self._api = client.CoreV1Api(self.client)
 
     def read(self) -> dict[str, Any]:
         """The node object, as JSON."""

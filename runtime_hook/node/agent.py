@@ -17,6 +17,7 @@ from runtime_hook.node.observe import Observer
 if TYPE_CHECKING:  # the agent loads them (and kubernetes, grpc) only to advertise, to place
     from runtime_hook.node.advertise import NodeStatus
     from runtime_hook.node.dra.driver import DraSettings, Driver
+    from runtime_hook.node.kube_events import EventRecorder
     from runtime_hook.node.placement_agent import Placement
 # Where kubelet and the runtime meet vcuda's device plugin, on the node (under --host-root).
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -45,18 +46,21 @@ class Advertiser:
     """One pass of keeping the inventory file and the node's extended resources in step with NVML.
 
     ``status`` is the node's, or None to write the inventory alone; ``driver`` the DRA
-    driver whose ResourceSlice follows the GPUs too, or None.
+    driver whose ResourceSlice follows the GPUs too, or None; ``events`` records on the Node
+    what an operator should see (None: no Events).
     """
 
     def __init__(
         self, nvml: Nvml, settings: Settings, status: NodeStatus | None, log: logging.Logger,
-        driver: Driver | None = None,
+        driver: Driver | None = None, events: EventRecorder | None = None,
     ) -> None:
         self._nvml = nvml
         self._settings = settings
         self._status = status
         self._driver = driver
+        self._events = events
         self._log = log
+        self._refused: int | None = None  # the hook's count of refused starts, last read
         self.problems = Problems(log, "advertise")
         state = host_path(settings.host_root, settings.state_dir)
         self.inventory = os.path.join(state, INVENTORY_NAME)
@@ -72,6 +76,11 @@ class Advertiser:
             migs = self._nvml.mig_devices(found, self.problems)
         except NvmlError as exc:  # keep what was advertised: the driver may be restarting
             self.problems.report("nvml", "NVML", str(exc))
+            if self._events is not None:
+                from runtime_hook.node.kube_events import WARNING
+
+                self._events.node_event(WARNING, "NVMLUnavailable", "ReadGPUs",
+                                        f"{exc}; the node keeps its last GPUs advertised")
         else:
             gpus = [Gpu(g.uuid, g.index, g.memory_total) for g in found]
             self._write_inventory(gpus + migs)  # the hook checks MIG devices too
@@ -79,8 +88,32 @@ class Advertiser:
                 self._advertise(self._status, gpus)
             if self._driver is not None:
                 self._driver.publish(self._nvml, gpus, self.problems)
+        self._note_refusals()
+        if self._events is not None:
+            self._events.flush()
         self.problems.cycle_done()
         return gpus
+
+    def _note_refusals(self) -> None:
+        """One Warning on the Node for the starts the hook refused since the last pass (the
+        first pass only reads the count: what came before was told by the agent then)."""
+        from runtime_hook.node.workloads import refused_starts
+
+        if self._events is None:
+            return
+        count = refused_starts(self._settings.host_root, self._settings.state_dir,
+                               self.problems)
+        if count is None:
+            return
+        if self._refused is not None and count > self._refused:
+            from runtime_hook.node.kube_events import WARNING
+
+            self._events.node_event(
+                WARNING, "ContainerStartRefused", "RefuseStart",
+                "the vcuda hook refused to start a limited container on this node; the "
+                "pod's own events (kubectl describe pod) say which and why",
+                occurrences=count - self._refused)
+        self._refused = count
 
     def _write_inventory(self, gpus: list[Gpu]) -> None:
         from runtime_hook.node.advertise import update_inventory
@@ -89,6 +122,11 @@ class Advertiser:
             if update_inventory(self.inventory, gpus):
                 event(self._log, logging.INFO, "inventory_written", path=self.inventory,
                       gpus=[g._asdict() for g in gpus])
+                if self._events is not None:
+                    from runtime_hook.node.kube_events import NORMAL, inventory_note
+
+                    self._events.node_event(NORMAL, "GPUInventoryChanged", "WriteInventory",
+                                            inventory_note(gpus))
         except OSError as exc:
             self.problems.report("inventory", self.inventory, f"cannot write: {exc}")
 
@@ -143,7 +181,8 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
     server, thread = serve(collector, settings.address, settings.port)
     event(log, logging.INFO, "serving", address=settings.address, port=server.server_port,
           node=settings.node, advertise=settings.advertise)
-    advertiser = Advertiser(nvml, settings, status, log, driver)
+    advertiser = Advertiser(nvml, settings, status, log, driver,
+                            _recorder(settings, status, log))
     placement = _placement(settings, status, log) \
         if settings.placement and status is not None else None
     if driver is not None:
@@ -170,6 +209,15 @@ def published(gpus: list[Gpu], sharing: Sharing) -> list[Gpu]:
     """``gpus`` as placement sees them: what each gives out to shared containers."""
     return [Gpu(g.uuid, g.index, sharing.memory(g.memory), sharing.cores(), sharing.max_sharers)
             for g in gpus]
+
+
+def _recorder(settings: Settings, status: NodeStatus | None,
+              log: logging.Logger) -> EventRecorder | None:
+    if status is None:  # DRA's driver, or no Kubernetes: the Node's status is not ours to tell
+        return None
+    from runtime_hook.node.kube_events import EventRecorder
+
+    return EventRecorder(status.client, settings.node, log)
 
 
 def _placement(settings: Settings, status: NodeStatus, log: logging.Logger) -> Placement:

@@ -44,6 +44,9 @@ The node agent of vcuda, run on each GPU node by the vcuda-node DaemonSet.
               the container runtime (containerd or CRI-O) its vcuda handler
   uninstall   remove exactly what install wrote, and vcuda's resources and
               annotations from the node's Node object (--node-name)
+  status      show what this node runs: the install and its runtime configuration,
+              each GPU's committed and free memory and cores and its sharers, and
+              each limited container's limits and use, with the fix for each problem
   run         keep the GPU inventory that the hook reads and the node's
               <domain>/vcuda-core and <domain>/vcuda-memory resources in step with
               the GPUs, and serve per-container GPU metrics for Prometheus
@@ -66,6 +69,16 @@ metrics (http://ADDRESS:PORT/metrics), labels namespace, pod, container, node, g
 
 example, on a GPU machine without Kubernetes (commands started by vcuda-run):
   vcuda-node run --no-advertise --vcuda-run-dir /tmp --port 9400
+"""
+
+
+_STATUS_EPILOG = """\
+free is the GPU's memory, and 100% of its cores, less what is committed; the hook gives
+a share only where both fit, times install's --memory-scaling and --cores-scaling.
+
+examples:
+  kubectl -n vcuda-system exec ds/vcuda-node -c agent -- vcuda-node status --host-root /host
+  vcuda-node status --json | jq '.gpus[] | {uuid, memory_free, sharers}'
 """
 
 
@@ -128,6 +141,13 @@ def _common(parser: argparse.ArgumentParser, state_dir: bool = True) -> None:
     parser.add_argument("--log-level", choices=LEVELS, default="info")
 
 
+def _node_flags(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME",
+                        help=what)
+    parser.add_argument("--kubeconfig", metavar="FILE",
+                        help="credentials for --node-name (default: the pod's service account)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vcuda-node", description=_DESCRIPTION,
@@ -161,6 +181,8 @@ def _parser() -> argparse.ArgumentParser:
                    "commit; give run the same value, and the same --cores-scaling and "
                    "--max-sharers (default: 1)")
     install.add_argument("--restart-runtime", **restart)
+    _node_flags(install, "record an Event on this Node when the install changed something "
+                "(default: $NODE_NAME; neither: no Event)")
 
     uninstall = commands.add_parser("uninstall", help="remove what install wrote",
                                     description="Remove what install wrote, as its record "
@@ -169,12 +191,24 @@ def _parser() -> argparse.ArgumentParser:
     uninstall.add_argument("--prefix", type=_absolute, default=DEFAULT_PREFIX, metavar="DIR",
                            help=f"the install's prefix (default: {DEFAULT_PREFIX})")
     uninstall.add_argument("--restart-runtime", **restart)
-    uninstall.add_argument("--node-name", default=os.environ.get("NODE_NAME"), metavar="NAME",
-                           help="also take vcuda's resources and annotations off this Node "
-                                "(default: $NODE_NAME; neither: the files alone)")
-    uninstall.add_argument("--kubeconfig", metavar="FILE",
-                           help="credentials for --node-name (default: the pod's service "
-                                "account)")
+    _node_flags(uninstall, "also take vcuda's resources and annotations off this Node, and "
+                "record an Event on it (default: $NODE_NAME; neither: the files alone)")
+
+    status = commands.add_parser(
+        "status", help="show what this node runs", epilog=_STATUS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Show what vcuda runs on this node, read from the node itself (no "
+        "Kubernetes): whether vcuda is installed under PREFIX and into which runtime "
+        "configuration; each GPU (NVML's, else the hook's inventory) with the memory and "
+        "cores its limited containers committed, what is free and who shares it; each "
+        "limited container with its limits and its use (the hook's ledger, the shim's "
+        "accounts, NVML); and each problem found with its fix. Exit status 0, or 2 when "
+        "problems were found.")
+    _common(status)
+    status.add_argument("--prefix", type=_absolute, default=DEFAULT_PREFIX, metavar="DIR",
+                        help=f"the install's prefix (default: {DEFAULT_PREFIX})")
+    status.add_argument("--json", action="store_true",
+                        help="print one JSON object instead of lines for a person")
 
     agent = commands.add_parser("run", help="advertise the GPUs and serve metrics",
                                 description="Advertise the node's GPUs and serve metrics "
@@ -240,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     log = setup(args.log_level)
     if args.command == "run":
         return _run(parser, args, log)
+    if args.command == "status":
+        return _status(args)
     from runtime_hook.node import install
 
     options = install.Options(
@@ -255,9 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     action = install.install if args.command == "install" else install.uninstall
     try:
-        action(options, log)
+        changed = action(options, log)
         if args.command == "uninstall" and args.node_name:
             _clean_node(args.node_name, args.kubeconfig, log)
+        if changed and args.node_name:
+            _tell_node(args, changed, log)
     except (install.InstallError, NodeError, OSError) as exc:
         event(log, logging.ERROR, f"{args.command}_failed", error=str(exc))
         print(f"vcuda-node {args.command}: {exc}", file=sys.stderr)
@@ -270,6 +308,43 @@ def _clean_node(node: str, kubeconfig: str | None, log: logging.Logger) -> None:
     from runtime_hook.node.node_cleanup import clean_node
 
     clean_node(NodeStatus(node, kubeconfig), log)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    from runtime_hook.node import status
+    from runtime_hook.node.nvml import Nvml
+
+    nvml = Nvml(host_root=args.host_root)
+    try:
+        found = status.gather(args.host_root, args.prefix, args.state_dir, nvml)
+    finally:
+        nvml.close()
+    if args.json:
+        print(json.dumps(status.as_json(found), indent=2))
+    else:
+        print(status.as_text(found), end="")
+    return 2 if found.problems else 0
+
+
+def _tell_node(args: argparse.Namespace, changed: list[str], log: logging.Logger) -> None:
+    """Record on the Node what install or uninstall changed; a failure is logged alone."""
+    from runtime_hook.node.advertise import AdvertiseError, NodeStatus
+    from runtime_hook.node.kube_events import NORMAL, EventRecorder
+
+    try:
+        recorder = EventRecorder(NodeStatus(args.node_name, args.kubeconfig).client,
+                                 args.node_name, log)
+    except AdvertiseError as exc:
+        event(log, logging.WARNING, "event_not_recorded", error=str(exc))
+        return
+    if args.command == "install":
+        recorder.node_event(NORMAL, "VcudaInstalled", "Install",
+                            f"vcuda installed under {args.prefix}; changed: " + ", ".join(changed))
+    else:
+        recorder.node_event(NORMAL, "VcudaUninstalled", "Uninstall",
+                            f"vcuda removed from {args.prefix}; removed: " + ", ".join(changed))
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, log: logging.Logger) -> int:

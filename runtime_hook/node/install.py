@@ -177,6 +177,30 @@ def uninstall(options: Options, log: logging.Logger) -> list[str]:
     return removed
 
 
+class Installed(NamedTuple):
+    """What an install wrote on the node, by its record: the ``runtime`` it configured
+    (``containerd``, ``crio``, ``none``), the runtime's configuration it wrote or edited,
+    and its other files; ``missing``: those of them no longer on the node."""
+
+    runtime: str
+    runtime_config: list[str]
+    files: list[str]
+    missing: list[str]
+
+
+def installed(host_root: str, prefix: str) -> Installed | None:
+    """What the install under ``prefix`` wrote; None when nothing is installed there.
+    Raise InstallError when its record is damaged."""
+    root = _Root(host_root)
+    record = _Record.load(root, prefix)
+    if record.empty():
+        return None
+    config = sorted({*record.runtime_files, *record.edits})
+    files = sorted({*record.files, *record.links, *record.trees})
+    return Installed(record.runtime or "none", config, files,
+                     [p for p in (*config, *files) if not root.exists(p)])
+
+
 class _Record:
     """The paths an install wrote, by kind; saved as ``<prefix>/installed.json``."""
 

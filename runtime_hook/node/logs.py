@@ -65,6 +65,7 @@ class Problems:
         self.log = log
         self.task = task
         self._active: dict[str, str] = {}
+        self._sources: dict[str, str] = {}  # of each key reported
         self._seen: set[str] = set()
         self.counts: Counter[str] = Counter()
 
@@ -72,10 +73,15 @@ class Problems:
         """Note that ``key`` (one file, one GPU, ...) of ``source`` is unusable, and why."""
         self.counts[source] += 1
         self._seen.add(key)
+        self._sources[key] = source
         if self._active.get(key) != message:
             self._active[key] = message
             event(self.log, logging.WARNING, "skipped", task=self.task, source=source, what=key,
                   reason=message)
+
+    def active(self) -> list[tuple[str, str, str]]:
+        """The problems standing now: (source, what is unusable, why)."""
+        return [(self._sources[key], key, message) for key, message in self._active.items()]
 
     def cycle_done(self) -> None:
         """End one pass: problems not reported in it are resolved."""

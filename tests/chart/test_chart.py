@@ -162,7 +162,25 @@ def test_the_webhooks_network_policy_is_off_by_default_and_takes_the_peers_given
     objects = _objects("--set", "networkPolicy.enabled=true",
                        "--set", "networkPolicy.from[0].ipBlock.cidr=192.0.2.10/32")
     [policy] = _webhook_policies(objects)
-    assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "192.0.2.10/32"}}]
+    api_server, prometheus = policy["spec"]["ingress"]
+    assert api_server["from"] == [{"ipBlock": {"cidr": "192.0.2.10/32"}}]
+    assert prometheus["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+
+
+def test_the_prometheus_peer_of_the_webhooks_policy_follows_the_values() -> None:
+    peers = ("--set", "networkPolicy.enabled=true",
+             "--set", "networkPolicy.from[0].ipBlock.cidr=192.0.2.10/32")
+    [policy] = _webhook_policies(_objects(
+        *peers, "--set", "networkPolicy.prometheus.namespaceSelector.matchLabels.team=obs",
+        "--set", "networkPolicy.prometheus.podSelector=null"))
+    assert policy["spec"]["ingress"][1]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring",
+                                               "team": "obs"}}}]
+    [policy] = _webhook_policies(_objects(*peers, "--set", "networkPolicy.prometheus=null"))
+    assert [r["from"] for r in policy["spec"]["ingress"]] == [
+        [{"ipBlock": {"cidr": "192.0.2.10/32"}}]]
 
 
 # --- refused -----------------------------------------

@@ -25,6 +25,7 @@ from runtime_hook.hook_cli import DEFAULT_STATE_DIR
 from runtime_hook.node.agent import PLUGIN_DIR, POD_RESOURCES
 from runtime_hook.node.cdi_files import DEFAULT_DIR as CDI_DIR
 from runtime_hook.node.host_root import host_path
+from runtime_hook.node.kube_events import NODE_EVENTS_NAMESPACE
 from runtime_hook.node.runtime_config import (
     BASE_SPEC,
     CONTAINERD_CONFIG,
@@ -125,12 +126,15 @@ def test_placement_and_dra_together_do_not_build(resources: list[str], component
 
 
 def test_vcuda_owns_no_namespace_but_its_own() -> None:
-    """`kubectl delete -k manifests/` must not delete software vcuda did not install; its one
-    object elsewhere is kube-scheduler's binding to the API server's authentication reader."""
+    """`kubectl delete -k manifests/` must not delete software vcuda did not install; its
+    objects elsewhere are kube-scheduler's binding to the API server's authentication reader
+    and the node agent's grant of Events about its Node (which the API takes in default)."""
     assert [o["metadata"]["name"] for o in all_objects() if o["kind"] == "Namespace"] == [NAMESPACE]
     elsewhere = [_key(o) for o in all_objects()
                  if o["metadata"].get("namespace", NAMESPACE) != NAMESPACE]
-    assert elsewhere == [("RoleBinding", "kube-system", "vcuda-scheduler-authentication-reader")]
+    assert sorted(elsewhere) == [
+        ("Role", "default", "vcuda-node-events"), ("RoleBinding", "default", "vcuda-node-events"),
+        ("RoleBinding", "kube-system", "vcuda-scheduler-authentication-reader")]
     assert all(o["kind"] != "Namespace" and "namespace" not in o["metadata"]
                for o in documents(DEVICE_PLUGIN_CONFIG))
 
@@ -269,17 +273,40 @@ def test_the_webhooks_network_policy_is_a_component_an_overlay_takes() -> None:
     assert component["kind"] == "Component" and component["resources"] == ["networkpolicy.yaml"]
 
 
-def test_only_addresses_outside_the_pod_network_and_scrapers_reach_the_webhook() -> None:
+def test_only_addresses_outside_the_pod_network_and_prometheus_reach_the_webhook() -> None:
     policy = find("NetworkPolicy", "vcuda-webhook")["spec"]
     assert policy["podSelector"]["matchLabels"].items() <= _webhook_pod()["metadata"][
         "labels"].items()
     assert policy["policyTypes"] == ["Ingress"]
-    [rule] = policy["ingress"]
-    assert rule["ports"] == [{"port": "https", "protocol": "TCP"}]
-    blocks = [peer["ipBlock"] for peer in rule["from"] if "ipBlock" in peer]
-    assert {"cidr": "0.0.0.0/0", "except": ["10.244.0.0/16", "10.42.0.0/16"]} in blocks
-    others = [peer for peer in rule["from"] if "ipBlock" not in peer]
-    assert others == [{"namespaceSelector": {"matchLabels": {"vcuda.io/scrape-webhook": "true"}}}]
+    api_server, prometheus = policy["ingress"]
+    for rule in (api_server, prometheus):
+        assert rule["ports"] == [{"port": "https", "protocol": "TCP"}]
+    assert api_server["from"] == [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.244.0.0/16", "10.42.0.0/16"]}},
+        {"ipBlock": {"cidr": "::/0"}}]
+    # One peer with both selectors: Prometheus' pods of that namespace, not all of either.
+    assert prometheus["from"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    monitor = yaml.safe_load((ROOT / "monitoring" / "webhook-servicemonitor.yaml").read_text())
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["https"]
+
+
+@pytest.mark.parametrize("kind,name", [("Deployment", "vcuda-scheduler"),
+                                       ("DaemonSet", "vcuda-scheduler-extender")])
+def test_the_extenders_metrics_port_is_the_one_its_pod_monitor_scrapes(kind: str,
+                                                                      name: str) -> None:
+    [extender] = [c for c in find(kind, name)["spec"]["template"]["spec"]["containers"]
+                  if c["command"][0] == "vcuda-scheduler-extender"]
+    command = extender["command"]
+    assert command[command.index("--host") + 1] == "127.0.0.1"  # its verbs stay local
+    port = int(command[command.index("--metrics-port") + 1])
+    assert extender["ports"] == [{"name": "metrics", "containerPort": port, "protocol": "TCP"}]
+    monitor = yaml.safe_load((ROOT / "monitoring" / "extender-podmonitor.yaml").read_text())
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+    labels = find(kind, name)["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] in monitor["spec"]["selector"][
+        "matchExpressions"][0]["values"]
 
 
 def test_webhook_probes_health_and_readiness_over_https() -> None:
@@ -404,6 +431,25 @@ def test_node_agent_may_only_read_and_annotate_nodes_and_patch_their_status() ->
     rules = find("ClusterRole", "vcuda-node")["rules"]
     assert sorted((r["resources"][0], tuple(r["verbs"])) for r in rules) == [
         ("nodes", ("get", "patch")), ("nodes/status", ("patch",))]
+
+
+def test_node_agent_may_write_events_in_the_namespace_default_alone() -> None:
+    """runtime_hook/node/kube_events.py creates its Node's Events and patches their counts in
+    default, where the API takes Events about cluster-scoped objects (or kube-system)."""
+    role = find("Role", "vcuda-node-events")
+    assert role["metadata"]["namespace"] == NODE_EVENTS_NAMESPACE == "default"
+    assert role["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"],
+                              "verbs": ["create", "patch"]}]
+    binding = find("RoleBinding", "vcuda-node-events")
+    assert binding["metadata"]["namespace"] == "default"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vcuda-node",
+                                    "namespace": NAMESPACE}]
+    for kind, name in (("DaemonSet", "vcuda-node"), ("DaemonSet", "vcuda-node-uninstall")):
+        spec = find(kind, name)["spec"]["template"]["spec"]
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            if container["command"][0] == "vcuda-node":  # install, uninstall: their Node's
+                env = {e["name"]: e.get("valueFrom") for e in container.get("env", [])}
+                assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_only_with_placement_does_the_node_agent_read_pods() -> None:
@@ -815,7 +861,7 @@ def test_the_extender_listens_on_loopback_only_where_its_scheduler_reaches_it() 
     for spec in (scheduler, daemonset):
         [extender] = [c for c in spec["containers"] if "/vcuda/vcuda:" in c["image"]]
         assert extender["command"] == ["vcuda-scheduler-extender", "--host", "127.0.0.1",
-                                       "--port", "8888"]
+                                       "--port", "8888", "--metrics-port", "9401"]
     assert daemonset["serviceAccountName"] == "vcuda-scheduler-extender"
     assert daemonset["hostNetwork"] is True
     assert daemonset["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}

@@ -9,7 +9,6 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pynvml
@@ -22,16 +21,12 @@ from runtime_hook.node.advertise import largest_share_change, resources, status_
 from runtime_hook.node.agent import Advertiser, Settings, run
 from runtime_hook.node.logs import setup
 from runtime_hook.node.nvml import Nvml
-from tests.deploy.manifests import ROOT as MANIFESTS
-from tests.deploy.manifests import documents
-from tests.fake_kube_api import rules_from_manifests
+from tests.node.conftest import KUBELETS, NODE
 from tests.node.fake_nodes_api import JSON_PATCH, NODE_AGENT, FakeNodesApi
 from tests.node.fake_pynvml import GIB, FakeDevice, FakeNvml
 from tests.node.workloads_on_host import scrape
 
-NODE = "gpu-node-1"
 PATH = f"/api/v1/nodes/{NODE}"
-KUBELETS = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu.shared": "8"}
 
 
 # --- what is advertised (pure) ------------------------------------------------------------------
@@ -88,24 +83,6 @@ def test_a_node_without_a_capacity_map_gets_one() -> None:
 
 
 # --- against the API ---------------------------------------------------------------------------
-
-@pytest.fixture
-def api(tmp_path: Path) -> Iterator[FakeNodesApi]:
-    server = FakeNodesApi()
-    server.start(tmp_path)
-    server.rules = rules_from_manifests(
-        documents(MANIFESTS / "base" / "node-rbac.yaml"), NODE_AGENT)
-    server.add_node(NODE, KUBELETS)
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def kubeconfig(api: FakeNodesApi, tmp_path: Path) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(api.kubeconfig())
-    return str(path)
-
 
 @pytest.fixture
 def devices() -> list[FakeDevice]:

@@ -15,10 +15,8 @@ from runtime_hook.contract import (
 )
 from runtime_hook.node.cli import main
 from runtime_hook.node.node_cleanup import status_removal
-from tests.deploy.manifests import ROOT as MANIFESTS
-from tests.deploy.manifests import documents
-from tests.fake_kube_api import rules_from_manifests
-from tests.node.fake_nodes_api import NODE_AGENT, FakeNodesApi
+from tests.node.conftest import agent_api
+from tests.node.fake_nodes_api import FakeNodesApi
 
 NODE = "gpu-node-1"
 PATH = f"/api/v1/nodes/{NODE}"
@@ -32,10 +30,7 @@ OTHERS = {"node.alpha.kubernetes.io/ttl": "0", "example.com/vcuda-note": "kept"}
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[FakeNodesApi]:
-    server = FakeNodesApi()
-    server.start(tmp_path)
-    server.rules = rules_from_manifests(
-        documents(MANIFESTS / "base" / "node-rbac.yaml"), NODE_AGENT)
+    server = agent_api(tmp_path)
     server.add_node(NODE, KUBELETS | ADVERTISED, annotations=VCUDA_ANNOTATIONS | OTHERS)
     yield server
     server.stop()
