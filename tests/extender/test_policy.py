@@ -269,3 +269,12 @@ def test_the_ledger_bind_writes_is_the_text_the_node_agent_writes_and_reads_back
     assert text == encode_ledger(entries)
     assert decode_ledger(text) == entries
     assert ledger_text({}) == encode_ledger({})
+
+
+def test_shares_of_several_gpus_are_refused_until_the_extender_places_them() -> None:
+    pod = pod_object("p", cores=30, memory_gib=10)
+    pod["metadata"]["annotations"]["vcuda.io/limits"] = (
+        '{"share": {"cores": 30, "memory": 10737418240, "gpus": 2}}')
+    with pytest.raises(DemandError, match=r'container "share" asks for shares of several GPUs '
+                                          r"\(vcuda-gpus\), which vcuda's scheduler extender"):
+        pod_demand(pod, CORE_KEYS)
