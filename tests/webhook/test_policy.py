@@ -671,3 +671,24 @@ def test_a_container_mixing_volcano_and_hami_names_is_told_to_keep_one() -> None
     assert denial(pod(spec), HAMI) == (
         'container "tp" mixes Volcano\'s and HAMi\'s names; keep one of them, or write vcuda\'s '
         "own (docker.com/vcuda-core: 1..99, docker.com/vcuda-memory: N (units of 256 MiB))")
+
+
+def test_vcuda_gpus_of_another_domain_is_read_and_removed_too() -> None:
+    spec = container("tp", limits={"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4",
+                                   "tencent.com/vcuda-gpus": "3"})
+    result = patched(pod(spec))
+    limits = result["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"docker.com/vcuda-core": "50", "docker.com/vcuda-memory": "4",
+                      "nvidia.com/gpu.shared": "3"}
+    assert limits_annotation(result)["tp"]["gpus"] == 3
+
+
+def test_volcano_names_in_requests_are_removed_with_those_in_limits() -> None:
+    spec = volcano()
+    spec["resources"]["requests"] = {"volcano.sh/vgpu-number": "2", "cpu": "1"}
+    result = patched(pod(spec))
+    assert result["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "1"}
+
+
+def test_the_webhooks_own_output_of_volcano_names_is_left_as_it_is() -> None:
+    assert create(patched(pod(volcano()))).patch == ()
