@@ -31,6 +31,7 @@ from runtime_hook.contract import (
     WHOLE_RESOURCE,
     ContractError,
     Gpu,
+    entry_gpus,
     entry_limits,
     limits_table,
 )
@@ -145,6 +146,7 @@ def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
         return 0, 0, cores // CORES_PER_GPU
     try:
         entry = entry_limits(shares, name)
+        gpus = 1 if entry is None else entry_gpus(shares, name)
     except ContractError:
         entry = None
     if entry is None:
@@ -152,6 +154,11 @@ def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
                           f"{LIMITS_ANNOTATION}; that annotation is written by the vcuda "
                           "webhook: recreate the pod through it")
     cores, memory = entry
+    if gpus > 1:
+        raise DemandError(f'container "{name}" asks for shares of several GPUs (vcuda-gpus), '
+                          "which vcuda's scheduler extender does not place yet; ask for a share "
+                          "of one GPU, or use NVIDIA's time-slicing device plugin, whose "
+                          "replicas the node's hook checks are of distinct GPUs")
     return cores, memory, 0
 
 

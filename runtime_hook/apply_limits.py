@@ -10,7 +10,7 @@ from runtime_hook.device_assignment import Devices
 from runtime_hook.hook_cli import LOCK_TIMEOUT, Flags
 from runtime_hook.hook_errors import HookError
 from runtime_hook.hook_log import HookLog
-from runtime_hook.limits_decision import Request, overcommit, pod_of
+from runtime_hook.limits_decision import Request, overcommit, pod_of, too_few_gpus
 from runtime_hook.node_state import (
     ACCOUNT_DIR,
     LIMITS_FILE,
@@ -23,6 +23,10 @@ from runtime_hook.oci_spec import Container
 _FIX_CONFINEMENT = (
     "give the container seccompProfile RuntimeDefault (vcuda's webhook sets it) and no "
     "CAP_SYS_ADMIN; see the README's threat model"
+)
+_FIX_GPU_COUNT = (
+    "place pods with vcuda-gpus above 1 through vcuda's scheduler extender and device plugin "
+    "(vcuda.io/shared-gpu) or DRA: time-slicing replicas may be copies of one GPU"
 )
 _FIX_OVERCOMMIT = (
     "lower the container's vcuda-memory or vcuda-core, or start it once other containers "
@@ -41,6 +45,9 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
     devices = device_assignment.assigned(container, inventory)
     for note in devices.notes:
         log.warning(note)
+    short = too_few_gpus(request, devices.for_ledger)
+    if short:
+        raise HookError(short, _FIX_GPU_COUNT)
     limits = Limits(
         memory=request.memory,
         cores=request.cores,
@@ -91,7 +98,7 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
             state.release(container.id)
         raise
     log.info(
-        f"applied cores={request.cores} memory={request.memory} "
+        f"applied cores={request.cores} memory={request.memory} gpus={request.gpus} "
         f"devices={','.join(devices.for_ledger) or '-'}"
     )
 

@@ -10,13 +10,18 @@ at module level.
 
 - The release, :data:`VERSION`, which every component reports.
 - Resources: ``<domain>/vcuda-core`` (percent of one GPU; 1..99 shares one GPU,
-  100·k is k whole GPUs) and ``<domain>/vcuda-memory`` (units of 256 MiB).
+  100·k is k whole GPUs) and ``<domain>/vcuda-memory`` (units of 256 MiB). With
+  ``<domain>/vcuda-gpus: N`` (1..``MAX_SHARED_GPUS``) beside a share, the container
+  has a share of each of N distinct GPUs, and vcuda-core and vcuda-memory are what
+  it has on **each** of them; without it (or with 1) the meaning is the one above.
 - The limits annotation ``vcuda.io/limits`` (webhook → hook), on the pod::
 
-      {"<container>": {"cores": 1..99, "memory": <bytes, at least 1>}, ...}
+      {"<container>": {"cores": 1..99, "memory": <bytes, at least 1>,
+                       "gpus": 2..16}, ...}
 
-  JSON object, one entry per shared-mode container; nothing else in an entry
-  is read.
+  JSON object, one entry per shared-mode container; ``cores`` and ``memory`` are
+  per GPU; ``gpus`` is written only above 1 (an entry without it, as every entry
+  before vcuda-gpus, is one GPU); nothing else in an entry is read.
 - The limits file (hook, ``vcuda-run`` → ``libvcuda.so``): ``key=value`` lines,
   see :func:`render_limits`; the C parser in ``cshim/`` reads the same lines.
 - The GPU inventory (node agent → hook), JSON::
@@ -81,6 +86,9 @@ class ContractError(VcudaError, ValueError):
 DEFAULT_DOMAINS = ("docker.com", "tencent.com")
 CORE_RESOURCE = "vcuda-core"
 MEMORY_RESOURCE = "vcuda-memory"
+GPUS_RESOURCE = "vcuda-gpus"  # shares of how many distinct GPUs (per-GPU core and memory)
+# The limits file lists at most 16 devices (cshim/src/limits_file.h, VC_MAX_DEVICES).
+MAX_SHARED_GPUS = 16
 CORES_PER_GPU = 100  # vcuda-core of one whole GPU
 SHARE_MIN, SHARE_MAX = 1, 99  # vcuda-core of a shared GPU
 SHARES = f"{SHARE_MIN}..{SHARE_MAX}"  # the range as messages write it
@@ -97,6 +105,11 @@ _DNS_LABEL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-")
 def resource_names(domain: str) -> tuple[str, str]:
     """The (vcuda-core, vcuda-memory) resource names of ``domain``."""
     return f"{domain}/{CORE_RESOURCE}", f"{domain}/{MEMORY_RESOURCE}"
+
+
+def gpus_resource(domain: str) -> str:
+    """The vcuda-gpus resource name of ``domain``."""
+    return f"{domain}/{GPUS_RESOURCE}"
 
 
 def is_dns_subdomain(name: str) -> bool:
@@ -320,6 +333,18 @@ def entry_limits(table: Mapping, container: str) -> tuple[int, int] | None:
     cores = _whole_number(entry, "cores", container, SHARE_MIN, SHARE_MAX)
     memory = _whole_number(entry, "memory", container, 1, None)
     return cores, memory
+
+
+def entry_gpus(table: Mapping, container: str) -> int:
+    """How many distinct GPUs ``container``'s entry shares: its ``gpus``, 1 where absent.
+
+    Call after :func:`entry_limits` found the entry; raise ContractError when ``gpus``
+    is not a whole number 1..MAX_SHARED_GPUS.
+    """
+    entry = table[container]
+    if "gpus" not in entry:
+        return 1
+    return _whole_number(entry, "gpus", container, 1, MAX_SHARED_GPUS)
 
 
 def _whole_number(entry: dict, key: str, container: str, low: int, high: int | None) -> int:

@@ -10,7 +10,15 @@ from __future__ import annotations
 # already; importing collections.abc would load all of collections (2 ms).
 from _collections_abc import Iterable, Mapping
 
-from runtime_hook.contract import LIMITS_ANNOTATION, ContractError, Gpu, Sharing, container_limits
+from runtime_hook.contract import (
+    LIMITS_ANNOTATION,
+    ContractError,
+    Gpu,
+    Sharing,
+    entry_gpus,
+    entry_limits,
+    limits_table,
+)
 from runtime_hook.hook_errors import HookError
 from runtime_hook.record import Record
 
@@ -26,13 +34,16 @@ _GIB = 1 << 30
 
 
 class Request(Record):
-    """The limits one container asked for: its name, percent of GPU time, bytes of memory."""
+    """The limits one container asked for: its name, percent of GPU time and bytes of memory
+    on each GPU, and how many distinct GPUs it shares."""
 
-    _fields = ("container", "cores", "memory")
+    _fields = ("container", "cores", "memory", "gpus")
     __slots__ = _fields
+    _defaults = (1,)
     container: str
     cores: int
     memory: int
+    gpus: int
 
 
 def container_name(annotations: Mapping[str, str]) -> str:
@@ -69,13 +80,30 @@ def requested_limits(annotations: Mapping[str, str]) -> Request | None:
             "run limited containers through Kubernetes (containerd or CRI-O)",
         )
     try:
-        found = container_limits(raw, name)
+        table = limits_table(raw)
+        found = entry_limits(table, name)
+        if found is None:
+            return None
+        gpus = entry_gpus(table, name)
     except ContractError as exc:
         raise HookError(str(exc), _FIX_ANNOTATION) from None
-    if found is None:
-        return None
     cores, memory = found
-    return Request(container=name, cores=cores, memory=memory)
+    return Request(container=name, cores=cores, memory=memory, gpus=gpus)
+
+
+def too_few_gpus(request: Request, devices: tuple[str, ...]) -> str | None:
+    """Why ``devices`` cannot carry a share of ``request.gpus`` distinct GPUs, or None.
+
+    A device plugin that hands out time-slicing replicas (NVIDIA's ``nvidia.com/gpu.shared``)
+    may give two replicas of one GPU: the list then names fewer distinct GPUs than asked for.
+    """
+    if request.gpus == 1 or len(devices) == request.gpus:
+        return None
+    shown = ", ".join(devices) or "none"
+    return (
+        f"the container asks for shares of {request.gpus} distinct GPUs, but the device "
+        f"side gave it {len(devices)} ({shown})"
+    )
 
 
 

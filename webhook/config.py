@@ -17,6 +17,7 @@ from runtime_hook.contract import (
     SHARED_RESOURCE,
     ContractError,
     check_domains,
+    gpus_resource,
     is_dns_subdomain,
     pointer_token,
     resource_names,
@@ -24,6 +25,7 @@ from runtime_hook.contract import (
 from webhook.errors import WebhookError
 from webhook.json_errors import DECODE_ERRORS, unreadable
 from webhook.quantity import QuantityError, parse_whole_quantity
+from webhook.vocabulary import HAMI_MARKERS, VOLCANO_NAMES
 
 _RESOURCE_NAME = re.compile(r"[a-z0-9.-]+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
@@ -53,6 +55,9 @@ class Config:
         trusted_seccomp_profiles: the ``localhostProfile`` names of seccomp profiles on
             the nodes that refuse user namespaces, which a limited container may use
             instead of RuntimeDefault (the hook checks the filter again at start).
+        hami_names: whether HAMi's ``nvidia.com/gpumem``, ``nvidia.com/gpumem-percentage``
+            and ``nvidia.com/gpucores`` (with ``nvidia.com/gpu`` as their count) are read
+            as vcuda requests; off by default, as they overlap NVIDIA's ``nvidia.com/gpu``.
     """
 
     domains: tuple[str, ...] = DEFAULT_DOMAINS
@@ -63,6 +68,7 @@ class Config:
     max_gpu_memory_from_nodes: bool = True
     scheduler_name: str | None = None
     trusted_seccomp_profiles: tuple[str, ...] = ()
+    hami_names: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -89,6 +95,11 @@ class Config:
         return tuple((d, *resource_names(d)) for d in self.domains)
 
     @cached_property
+    def gpus_keys(self) -> dict[str, str]:
+        """The vcuda-gpus resource name beside each domain's vcuda-core resource name."""
+        return {keys[1]: gpus_resource(keys[0]) for keys in self.vcuda_keys}
+
+    @cached_property
     def max_memory_units(self) -> int:
         """The largest vcuda-memory request: the largest GPU's memory in 256 MiB units."""
         return self.max_gpu_memory // MEMORY_UNIT
@@ -113,7 +124,9 @@ class Config:
     @cached_property
     def watched_resources(self) -> frozenset[str]:
         """Every resource name that makes a container worth a closer look."""
-        return frozenset(k for keys in self.vcuda_keys for k in keys[1:]) | self.shared_resources
+        return (frozenset(k for keys in self.vcuda_keys for k in keys[1:])
+                | frozenset(self.gpus_keys.values()) | self.shared_resources
+                | VOLCANO_NAMES | HAMI_MARKERS)
 
 
 _TYPES: dict[str, tuple[type, str]] = {
@@ -126,6 +139,7 @@ _TYPES: dict[str, tuple[type, str]] = {
     "scheduler_name": (str, "a scheduler name such as \"vcuda-scheduler\", or null"),
     "trusted_seccomp_profiles": (list, "a list of localhostProfile names such as "
                                        "\"profiles/gpu.json\""),
+    "hami_names": (bool, "true or false"),
 }
 
 

@@ -10,6 +10,7 @@ from runtime_hook.contract import (
     ASSIGNMENT_ANNOTATION,
     CORES_PER_GPU,
     LIMITS_ANNOTATION,
+    MAX_SHARED_GPUS,
     MEMORY_UNIT,
     SHARE_MAX,
     SHARE_MIN,
@@ -22,6 +23,7 @@ from webhook.patch import Operation, PatchBuilder
 from webhook.pod import Container, ObjectMeta, Pod, Quantity, SeccompProfile, SecurityContext
 from webhook.quantity import QuantityError, parse_whole_quantity
 from webhook.seccomp import default_profile, seccomp_problem
+from webhook.vocabulary import is_byte_size, translate, vocabulary_of, whole_limit
 
 _ANNOTATIONS_PATH = "/metadata/annotations"
 _LIMITS_ANNOTATION_PATH = f"{_ANNOTATIONS_PATH}/{pointer_token(LIMITS_ANNOTATION)}"
@@ -76,7 +78,8 @@ def decide(pod: Pod | None, operation: str, old_pod: Pod | None, config: Config)
 class _Findings:
     """What the review of one pod's containers found, gathered before deciding."""
 
-    __slots__ = ("limits", "patch", "pod_seccomp", "problems", "uses_gpus", "warnings")
+    __slots__ = ("limits", "patch", "pod_seccomp", "problems", "uses_gpus", "vocabularies",
+                 "warnings")
 
     def __init__(self, pod_seccomp: SeccompProfile | None = None) -> None:
         self.pod_seccomp = pod_seccomp  # the pod's own seccompProfile, for containers without
@@ -85,6 +88,7 @@ class _Findings:
         self.limits: dict[str, dict[str, int]] = {}
         self.patch = PatchBuilder()
         self.uses_gpus = False  # some container asks for a share or whole GPUs
+        self.vocabularies: dict[str, str] = {}  # names a container wrote ("vcuda", ...) -> who
 
 
 # How one container uses GPUs: the device-plugin resource it gets, how many, and its
@@ -110,6 +114,8 @@ def _review_create(pod: Pod, config: Config) -> Decision:
                 _review_container(container, limits, requests,
                                   f"/spec/{list_name}/{index}/resources/", label, config,
                                   findings)
+    if len(findings.vocabularies) > 1:
+        findings.problems.append(_mixed_vocabularies(findings.vocabularies, config))
     if findings.problems:
         return Decision.deny("; ".join(findings.problems))
     _write_pod_fields(pod, config, findings)
@@ -144,15 +150,24 @@ def _review_container(container: Container, limits: _Values, requests: _Values,
     """Check one container; record its limits and the patch of its resources."""
     problems = findings.problems
     who = f'{label} "{container.name}"'
+    vocabulary = vocabulary_of(limits, requests, config.hami_names)
+    if vocabulary:
+        translated = _translated(vocabulary, limits, requests, resources_path, who, config,
+                                 findings)
+        if translated is None:
+            return
+        limits, requests = translated
     keys = _vcuda_keys(limits, requests, config, who, problems)
     if keys is None:
         return
+    findings.vocabularies.setdefault(vocabulary or "vcuda", who)
+    gpus_key = config.gpus_keys[keys[0]]
     if not container.name:
         problems.append(f"a {label} without a name asks for {keys[0]}; name it")
         return
     count_before = len(problems)
     if requests and not config.watched_resources.isdisjoint(requests):
-        _check_requests_match_limits(limits, requests, keys, who, problems)
+        _check_requests_match_limits(limits, requests, (*keys, gpus_key), who, problems)
     mode = _mode(container, limits, keys, who, config, findings)
     if mode is None or not limits:  # a mode comes from limits: they are there
         return
@@ -173,6 +188,10 @@ def _review_container(container: Container, limits: _Values, requests: _Values,
     if requests and keys[0] in requests and backend not in requests:
         findings.patch.add(f"{resources_path}requests/{token}", str(count))
     _canonical_domain(limits, requests, keys, resources_path, who, config, findings)
+    if not vocabulary:  # the count lives in the annotation: no node advertises vcuda-gpus
+        for field, values in (("limits", limits), ("requests", requests)):
+            if values and gpus_key in values:
+                findings.patch.remove(f"{resources_path}{field}/{pointer_token(gpus_key)}")
     findings.uses_gpus = True
     if shares is not None:
         if container.name in findings.limits:
@@ -215,12 +234,58 @@ def _canonical_domain(limits: _Values, requests: _Values, keys: tuple[str, str],
                              f"{canonical[1]}, the names vcuda accounts")
 
 
+def _translated(vocabulary: str, limits: _Values, requests: _Values, resources_path: str,
+                who: str, config: Config, findings: _Findings) -> tuple[_Values, _Values] | None:
+    """The container's limits and requests with Volcano's or HAMi's names read as vcuda's, and
+    the patch that rewrites them; None after a problem."""
+    problems = findings.problems
+    core_key, memory_key = config.vcuda_keys[0][1:]
+    own = f"{core_key}: {SHARES}, {memory_key}: N (units of 256 MiB)"
+    if vocabulary == "Volcano and HAMi":
+        problems.append(f"{who} mixes Volcano's and HAMi's names; keep one of them, or write "
+                        f"vcuda's own ({own})")
+        return None
+    if vocabulary == "HAMi (not enabled)":
+        problems.append(f"{who} asks for HAMi's nvidia.com/gpumem, gpumem-percentage or "
+                        "gpucores, which this webhook reads only where its ConfigMap sets "
+                        f"hami_names: true; set it, or write vcuda's own names ({own})")
+        return None
+    if _vcuda_keys(limits, requests, config, who, []) is not None:
+        problems.append(f"{who} mixes {vocabulary}'s names and vcuda's; keep vcuda's "
+                        f"({core_key}, {memory_key}) and remove {vocabulary}'s")
+        return None
+    keys = (core_key, memory_key, config.gpus_keys[core_key])
+    translation = translate(vocabulary, limits, who, keys, config.max_gpu_memory, problems)
+    if translation is None:
+        return None
+    new_limits = translation.limits
+    for field, values in (("limits", limits), ("requests", requests)):
+        for name in translation.removed:
+            if values and name in values:
+                findings.patch.remove(f"{resources_path}{field}/{pointer_token(name)}")
+    for name in (core_key, memory_key):
+        if name in new_limits:
+            findings.patch.add(f"{resources_path}limits/{pointer_token(name)}", new_limits[name])
+    findings.warnings.extend(translation.warnings)
+    kept_requests = {k: v for k, v in (requests or {}).items() if k not in translation.removed}
+    return new_limits, kept_requests
+
+
+def _mixed_vocabularies(vocabularies: dict[str, str], config: Config) -> str:
+    core_key, memory_key = config.vcuda_keys[0][1:]
+    written = "; ".join(f"{who} writes {name}'s names" for name, who in vocabularies.items())
+    return (f"the pod mixes request names ({written}); write every container in one of them, "
+            f"best vcuda's own ({core_key}, {memory_key})")
+
+
 def _vcuda_keys(limits: _Values, requests: _Values, config: Config, who: str,
                 problems: list[str]) -> tuple[str, str] | None:
     """Return the (core, memory) resource names the container uses, or None if none."""
+    gpus = config.gpus_keys
     used = [keys for keys in config.vcuda_keys
-            if (limits and (keys[1] in limits or keys[2] in limits))
-            or (requests and (keys[1] in requests or keys[2] in requests))]
+            if (limits and (keys[1] in limits or keys[2] in limits or gpus[keys[1]] in limits))
+            or (requests and (keys[1] in requests or keys[2] in requests
+                              or gpus[keys[1]] in requests))]
     if len(used) == 1:
         return used[0][1:]
     if used:
@@ -249,7 +314,7 @@ def _shared_asked_directly(limits: _Values, requests: _Values, config: Config,
 
 
 def _check_requests_match_limits(limits: _Values, requests: dict[str, Quantity],
-                                 keys: tuple[str, str], who: str, problems: list[str]) -> None:
+                                 keys: tuple[str, ...], who: str, problems: list[str]) -> None:
     for key in keys:
         if key not in requests:
             continue
@@ -276,16 +341,25 @@ def _mode(container: Container, limits: _Values, keys: tuple[str, str], who: str
         problems.append(f"{who}: {memory_key} needs {core_key}; add {core_key}: {SHARES} to "
                         f"share one GPU, or {core_key}: {CORES_PER_GPU} for a whole GPU")
         return None
-    cores = _whole(limits, core_key, who, problems)
+    cores = whole_limit(limits, core_key, who, problems)
     if cores is None:
         return None
     if SHARE_MIN <= cores <= SHARE_MAX:
         if container.security_context is not None:
             _check_unprivileged(container.security_context, who, core_key, problems)
         memory = _shared_memory(limits, keys, cores, who, config, problems)
-        if memory is None:
+        gpus = _gpu_count(limits, config.gpus_keys[core_key], who, problems)
+        if memory is None or gpus is None:
             return None
-        return config.shared_resource, 1, {"cores": cores, "memory": memory}
+        entry = {"cores": cores, "memory": memory}
+        if gpus > 1:
+            entry["gpus"] = gpus
+        return config.shared_resource, gpus, entry
+    gpus_key = config.gpus_keys[core_key]
+    if gpus_key in limits:
+        problems.append(f"{who}: {gpus_key} goes with a share of each GPU ({core_key}: {SHARES}); "
+                        f"for whole GPUs write {core_key}: 100 per GPU and no {gpus_key}")
+        return None
     if cores >= CORES_PER_GPU and cores % CORES_PER_GPU == 0:
         if memory_key in limits:
             findings.warnings.append(f"{who}: {memory_key} is ignored with whole GPUs "
@@ -296,17 +370,14 @@ def _mode(container: Container, limits: _Values, keys: tuple[str, str], who: str
     return None
 
 
-# Suffixes of a quantity written as bytes ("10Gi", "8G"): vcuda-memory counts 256 MiB units.
-_BINARY_BYTES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
-_DECIMAL_BYTES = ("k", "M", "G", "T", "P", "E")
-
-
-def _whole(values: dict[str, Quantity], key: str, who: str, problems: list[str]) -> int | None:
-    try:
-        return parse_whole_quantity(values[key])
-    except QuantityError as exc:
-        problems.append(f"{who}: {key}: {exc}; write a whole number")
-        return None
+def _gpu_count(limits: dict[str, Quantity], gpus_key: str, who: str,
+               problems: list[str]) -> int | None:
+    """How many distinct GPUs a share is of: vcuda-gpus, 1 without it; None after a problem."""
+    if gpus_key not in limits:
+        return 1
+    return whole_limit(limits, gpus_key, who, problems,
+                       (1, MAX_SHARED_GPUS, " (distinct GPUs, each with the vcuda-core and "
+                                            "vcuda-memory given)"))
 
 
 def _shared_memory(limits: dict[str, Quantity], keys: tuple[str, str], cores: int, who: str,
@@ -317,7 +388,7 @@ def _shared_memory(limits: dict[str, Quantity], keys: tuple[str, str], cores: in
         problems.append(f"{who}: {core_key}: {cores} shares a GPU, so {memory_key} is "
                         f"required; add {memory_key}: N in units of 256 MiB (40 = 10 GiB)")
         return None
-    units = _whole(limits, memory_key, who, problems)
+    units = whole_limit(limits, memory_key, who, problems)
     if units is None:
         return None
     largest = config.max_memory_units
@@ -326,7 +397,7 @@ def _shared_memory(limits: dict[str, Quantity], keys: tuple[str, str], cores: in
                         "write N in units of 256 MiB (40 = 10 GiB)")
         return None
     raw = limits[memory_key]
-    if isinstance(raw, str) and (raw[-1:] in _DECIMAL_BYTES or raw[-2:] in _BINARY_BYTES):
+    if is_byte_size(raw):
         meant = max(units // MEMORY_UNIT, 1)
         problems.append(f"{who}: {memory_key}: {raw} is a byte size, but {memory_key} counts "
                         f"units of 256 MiB; write {memory_key}: {meant} for "

@@ -49,6 +49,7 @@ from tests.deploy.manifests import (
     needs_kubectl,
 )
 from webhook.config import Config, load_config
+from webhook.vocabulary import HAMI_MARKERS, VOLCANO_NAMES
 
 NAMESPACE = "vcuda-system"
 # NVIDIA's runtime gives a container the GPUs named by mounts of /dev/null under this
@@ -215,7 +216,9 @@ def test_match_conditions_are_well_formed_cel() -> None:
 @pytest.mark.parametrize("resource", [
     "docker.com/vcuda-core", "docker.com/vcuda-memory",
     "tencent.com/vcuda-core", "tencent.com/vcuda-memory", "nvidia.com/gpu.shared",
-    "vcuda.io/shared-gpu",
+    "vcuda.io/shared-gpu", "docker.com/vcuda-gpus", "volcano.sh/vgpu-number",
+    "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores", "nvidia.com/gpumem",
+    "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
 ])
 def test_pods_naming_a_vcuda_or_shared_resource_are_sent(resource: str) -> None:
     assert _matches(_pod(limits={resource: "1"}))
@@ -897,7 +900,8 @@ def test_match_conditions_name_the_webhooks_default_resources_and_annotation() -
     defaults = Config()
     wanted = {r for _, core, memory in defaults.vcuda_keys for r in (core, memory)}
     wanted |= {defaults.shared_resource, SHARED_RESOURCE, LIMITS_ANNOTATION,
-               ASSIGNMENT_ANNOTATION}
+               ASSIGNMENT_ANNOTATION, *defaults.gpus_keys.values(), *VOLCANO_NAMES,
+               *HAMI_MARKERS}
     [condition] = _webhook()["matchConditions"]
     assert set(re.findall(r"'([^']+)'", condition["expression"])) - {"UPDATE"} == wanted
 

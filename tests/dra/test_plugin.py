@@ -342,3 +342,21 @@ def test_a_node_with_max_sharers_refuses_the_claim_past_its_cap_with_the_hooks_m
         "most this node allows on one GPU (--max-sharers 1)")
     assert _record(dra_node, second["metadata"]["uid"]) is None
     preparer.unprepare(first["metadata"]["uid"])
+
+
+def test_a_claim_for_two_shares_lists_both_gpus_in_one_limits_file_and_one_record(
+        dra_node: DraNode) -> None:
+    # One request with count 2 (not two requests): every share of a claim consumes the same
+    # cores and memory, since one limits file serves each container that uses the claim.
+    claim = dra_node.claim("tp", cores="40", memory="4Gi", count=2)
+    uid = claim["metadata"]["uid"]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    gpus = tuple(GPU0 if r["device"] == device_name(GPU0) else GPU1 for r in results)
+    assert sorted(gpus) == sorted((GPU0, GPU1))  # two distinct GPUs of the node
+    answer = dra_node.kubelet.prepare(claim)[uid]
+    assert answer.error == ""
+    assert len(answer.devices) == 2
+    limits = contract.parse_limits((_record_dir(dra_node, uid) / LIMITS_FILE).read_text())
+    assert (limits.memory, limits.cores, limits.devices) == (4 * GIB, 40, gpus)
+    entry = _record(dra_node, uid)
+    assert entry is not None and entry.devices == gpus

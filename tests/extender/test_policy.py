@@ -329,3 +329,12 @@ def test_the_inventory_writes_cores_and_sharers_only_where_they_are_not_the_defa
                                         {"uuid": "GPU-b", "index": 1, "memory": GIB,
                                          "cores": 150, "sharers": 4}]
     assert decode_inventory(text).gpus == (plain, shared)
+
+
+def test_shares_of_several_gpus_are_refused_until_the_extender_places_them() -> None:
+    pod = pod_object("p", cores=30, memory_gib=10)
+    pod["metadata"]["annotations"]["vcuda.io/limits"] = (
+        '{"share": {"cores": 30, "memory": 10737418240, "gpus": 2}}')
+    with pytest.raises(DemandError, match=r'container "share" asks for shares of several GPUs '
+                                          r"\(vcuda-gpus\), which vcuda's scheduler extender"):
+        pod_demand(pod, CORE_KEYS)

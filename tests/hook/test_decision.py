@@ -9,7 +9,7 @@ import pytest
 from runtime_hook.contract import Gpu, Sharing
 from runtime_hook.hook_errors import HookError
 from runtime_hook.inject import merge_preload
-from runtime_hook.limits_decision import Request, overcommit, requested_limits
+from runtime_hook.limits_decision import Request, overcommit, requested_limits, too_few_gpus
 from runtime_hook.oci_hook import surely_unlimited
 
 GIB = 1 << 30
@@ -27,6 +27,27 @@ def _annotations(table: object, name: str = "train", key: str = "io.kubernetes.c
 def test_entry_of_this_container_becomes_its_request() -> None:
     ann = _annotations({"train": {"cores": 30, "memory": 10 * GIB}, "other": {"cores": 5}})
     assert requested_limits(ann) == Request(container="train", cores=30, memory=10 * GIB)
+
+
+def test_entry_with_gpus_asks_for_that_many_distinct_gpus() -> None:
+    ann = _annotations({"train": {"cores": 30, "memory": GIB, "gpus": 4}})
+    assert requested_limits(ann) == Request(container="train", cores=30, memory=GIB, gpus=4)
+
+
+def test_entry_without_gpus_is_one_gpu_as_before() -> None:
+    assert requested_limits(_annotations({"train": {"cores": 30, "memory": GIB}})).gpus == 1
+
+
+def test_distinct_gpus_must_be_as_many_as_asked_for() -> None:
+    two = Request(container="train", cores=30, memory=GIB, gpus=2)
+    assert too_few_gpus(two, ("GPU-a", "GPU-b")) is None
+    assert too_few_gpus(two, ("GPU-a",)) == (
+        "the container asks for shares of 2 distinct GPUs, but the device side gave it 1 (GPU-a)")
+    assert too_few_gpus(two, ("GPU-a", "GPU-b", "GPU-c")) == (
+        "the container asks for shares of 2 distinct GPUs, but the device side gave it 3 "
+        "(GPU-a, GPU-b, GPU-c)")
+    one = Request(container="train", cores=30, memory=GIB)
+    assert too_few_gpus(one, ("GPU-a", "GPU-b")) is None  # one GPU's meaning is unchanged
 
 
 def test_cri_o_container_name_key_is_read_too() -> None:
@@ -66,6 +87,10 @@ def test_containers_without_an_entry_and_sandboxes_get_no_limits(annotations: di
         ({"train": {"cores": 30}}, "memory of 'train' is None, expected a whole number at least 1"),
         ({"train": {"cores": 30, "memory": "10Gi"}}, "memory of 'train' is '10Gi'"),
         ({"train": {"cores": 30, "memory": -1}}, "memory of 'train' is -1"),
+        ({"train": {"cores": 30, "memory": 1, "gpus": 0}},
+         "gpus of 'train' is 0, expected a whole number 1..16"),
+        ({"train": {"cores": 30, "memory": 1, "gpus": 17}}, "gpus of 'train' is 17"),
+        ({"train": {"cores": 30, "memory": 1, "gpus": "2"}}, "gpus of 'train' is '2'"),
     ],
 )
 def test_malformed_annotation_is_refused_with_what_is_wrong(table: object, message: str) -> None:

@@ -478,3 +478,55 @@ def test_memory_of_a_container_that_died_without_poststop_is_reclaimed(
     assert started.returncode == 0, started.stderr
     assert not (hook.state_dir / "containers" / "first").exists()
     assert "released containers that are gone: first" in hook.log_file.read_text()
+
+
+def _two_gpus(hook: HookSetup) -> None:
+    write_inventory(str(hook.inventory), [Gpu(uuid="GPU-1111", index=0, memory=16 * GIB),
+                                          Gpu(uuid="GPU-2222", index=1, memory=16 * GIB)])
+
+
+def _multi(bundle: BuildBundle, hook: HookSetup, gpus: tuple[str, ...], args: list[str]) -> Path:
+    table = {"main": {"cores": 40, "memory": 4 * GIB, "gpus": 2}}
+    return bundle(args, annotations={"vcuda.io/limits": json.dumps(table)}, gpus=gpus,
+                  hooks=hook.hooks())
+
+
+def test_shares_of_two_gpus_list_both_in_one_limits_file(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    _two_gpus(hook)
+    result = runc.run(_multi(bundle, hook, ("GPU-1111", "1"), ["cat", "/etc/vcuda/limits"]),
+                      "multi")
+    assert result.returncode == 0, result.stderr
+    assert parse_limits(result.stdout) == Limits(
+        memory=4 * GIB, cores=40, devices=("GPU-1111", "GPU-2222"), account="/run/vcuda/account")
+
+
+def test_two_replicas_of_one_gpu_are_refused_for_a_two_gpu_share(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    _two_gpus(hook)
+    refused = runc.run(_multi(bundle, hook, ("GPU-1111", "0"), ["true"]), "replicas")
+    assert refused.returncode != 0
+    assert ("the container asks for shares of 2 distinct GPUs, but the device side gave it 1 "
+            "(GPU-1111)") in refused.stderr
+    assert "time-slicing replicas may be copies of one GPU" in refused.stderr
+    assert not (hook.state_dir / "containers").exists()  # refused before anything is committed
+
+
+def test_a_two_gpu_share_is_committed_on_both_or_on_neither(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup, tmp_path: Path
+) -> None:
+    _two_gpus(hook)
+    first = bundle(["sleep", "600"], annotations=limits_annotation(main=(50, 14 * GIB)),
+                   gpus=("GPU-2222",), hooks=hook.hooks())
+    assert runc.run_detached(first, "first", tmp_path / "first.log").returncode == 0
+    refused = runc.run(_multi(bundle, hook, ("GPU-1111", "GPU-2222"), ["true"]), "multi")
+    assert refused.returncode != 0
+    assert "GPU GPU-2222 (index 1) has 2.00 GiB" in refused.stderr
+    assert [p.name for p in (hook.state_dir / "containers").iterdir()] == ["first"]
+    runc.call("kill", "first", "KILL")
+    _wait_stopped(runc, "first")
+    assert runc.call("delete", "first").returncode == 0
+    started = runc.run(_multi(bundle, hook, ("GPU-1111", "GPU-2222"), ["true"]), "multi-again")
+    assert started.returncode == 0, started.stderr

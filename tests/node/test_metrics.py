@@ -413,3 +413,26 @@ def test_the_starts_the_hook_refused_on_the_node_are_counted(agent: Agent) -> No
     for _ in range(2):
         StateDir(str(agent.state)).count_refusal()  # as the hook does at each refusal
     assert agent.scrape()["vcuda_node_refused_starts_total"] == {labels(node=NODE): 2}
+
+
+def test_a_container_with_shares_of_two_gpus_has_its_limits_and_use_on_each(
+    agent: Agent, container: PidNamespace
+) -> None:
+    account = commit_container(agent.state, "c0ffee", container.init, 4 * GIB, 30, (GPU0, GPU1))
+    write_account(account, [GPU0, GPU1], [
+        (container.ns_pids[1], container.start_time(1), [GIB, 0]),
+        (container.ns_pids[2], container.start_time(2), [0, 3 * GIB]),
+    ])
+
+    series = agent.scrape()
+
+    on_0 = _worker()
+    on_1 = labels(namespace="team", pod="train-0", container="worker", node=NODE, gpu="1",
+                  uuid=GPU1)
+    assert series["vcuda_container_memory_limit_bytes"] == {on_0: 4 * GIB, on_1: 4 * GIB}
+    assert series["vcuda_container_memory_used_bytes"] == {on_0: GIB, on_1: 3 * GIB}
+    assert series["vcuda_container_core_limit_ratio"] == {on_0: 0.3, on_1: 0.3}
+    assert series["vcuda_container_processes"] == {on_0: 1, on_1: 1}
+    assert series["vcuda_gpu_memory_limit_bytes"] == {_gpu(0, GPU0): 4 * GIB,
+                                                      _gpu(1, GPU1): 4 * GIB}
+    assert series["vcuda_gpu_containers"] == {_gpu(0, GPU0): 1, _gpu(1, GPU1): 1}

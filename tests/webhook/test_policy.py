@@ -465,3 +465,230 @@ def test_reviewing_the_webhooks_own_output_changes_nothing(original: dict[str, A
 def test_a_pod_without_gpus_gets_no_patch() -> None:
     plain = pod(container("web", limits={"cpu": "1", "memory": "1Gi"}), container("bare"))
     assert create(plain) == Decision(allowed=True)
+
+
+# --- shares of several GPUs, and Volcano's and HAMi's names ----------------------------------
+
+def multi(name: str = "tp", gpus: Any = "2", cores: Any = "50", memory: Any = "12",
+          **extra: Any) -> dict[str, Any]:
+    limits = {"docker.com/vcuda-core": cores, "docker.com/vcuda-memory": memory,
+              "docker.com/vcuda-gpus": gpus, **extra}
+    return container(name, limits=limits)
+
+
+def test_vcuda_gpus_asks_for_that_many_shares_each_with_the_per_gpu_limits() -> None:
+    result = patched(pod(multi()))
+    limits = result["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu.shared"] == "2"
+    assert "docker.com/vcuda-gpus" not in limits  # no node advertises it: the annotation has it
+    assert limits_annotation(result) == {"tp": {"cores": 50, "memory": 12 * 256 << 20,
+                                                "gpus": 2}}
+
+
+def test_vcuda_gpus_of_one_writes_the_single_gpu_entry() -> None:
+    result = patched(pod(multi(gpus="1")))
+    assert limits_annotation(result) == {"tp": {"cores": 50, "memory": 12 * 256 << 20}}
+
+
+def test_vcuda_gpus_in_requests_too_is_removed_from_both() -> None:
+    spec = multi()
+    spec["resources"]["requests"] = {"docker.com/vcuda-gpus": "2"}
+    result = patched(pod(spec))
+    assert "docker.com/vcuda-gpus" not in result["spec"]["containers"][0]["resources"]["requests"]
+
+
+@pytest.mark.parametrize(("gpus", "message"), [
+    ("0", 'container "tp": docker.com/vcuda-gpus: 0 must be 1..16 (distinct GPUs, each with '
+          "the vcuda-core and vcuda-memory given)"),
+    ("17", 'container "tp": docker.com/vcuda-gpus: 17 must be 1..16 (distinct GPUs, each with '
+           "the vcuda-core and vcuda-memory given)"),
+])
+def test_vcuda_gpus_out_of_range_is_denied(gpus: str, message: str) -> None:
+    assert denial(pod(multi(gpus=gpus))) == message
+
+
+def test_vcuda_gpus_that_is_no_whole_number_is_denied() -> None:
+    assert denial(pod(multi(gpus="1.5"))).startswith('container "tp": docker.com/vcuda-gpus: ')
+
+
+def test_vcuda_gpus_with_whole_gpus_is_denied() -> None:
+    assert denial(pod(multi(cores="200"))) == (
+        'container "tp": docker.com/vcuda-gpus goes with a share of each GPU '
+        "(docker.com/vcuda-core: 1..99); for whole GPUs write docker.com/vcuda-core: 100 per "
+        "GPU and no docker.com/vcuda-gpus")
+
+
+def test_vcuda_gpus_alone_is_denied_for_want_of_vcuda_core() -> None:
+    spec = container("tp", limits={"docker.com/vcuda-gpus": "2"})
+    assert "docker.com/vcuda-memory needs docker.com/vcuda-core" in denial(pod(spec))
+
+
+def test_vcuda_gpus_requested_unlike_its_limit_is_denied() -> None:
+    spec = multi()
+    spec["resources"]["requests"] = {"docker.com/vcuda-gpus": "3"}
+    assert denial(pod(spec)) == (
+        'container "tp": requests docker.com/vcuda-gpus (3) differs from limits (2); vcuda '
+        "needs only limits: remove it from requests or make it equal")
+
+
+def volcano(number: Any = "2", memory: Any = "3000", cores: Any = "50") -> dict[str, Any]:
+    limits = {"cpu": "1"}
+    for key, value in (("volcano.sh/vgpu-number", number), ("volcano.sh/vgpu-memory", memory),
+                       ("volcano.sh/vgpu-cores", cores)):
+        if value is not None:
+            limits[key] = value
+    return container("tp", limits=limits)
+
+
+def test_volcano_names_are_read_as_vcuda_per_gpu_with_memory_rounded_up() -> None:
+    decision = create(pod(volcano()))
+    assert decision.allowed
+    assert decision.warnings == (
+        'container "tp": Volcano\'s names were read as docker.com/vcuda-core: 50, '
+        "docker.com/vcuda-memory: 12, docker.com/vcuda-gpus: 2",
+        'container "tp": 3000 MiB was rounded up to 3072 MiB, vcuda\'s memory counts units of '
+        "256 MiB")
+    result = patched(pod(volcano()))
+    limits = result["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"cpu": "1", "docker.com/vcuda-core": "50", "docker.com/vcuda-memory": "12",
+                      "nvidia.com/gpu.shared": "2"}
+    assert limits_annotation(result) == {"tp": {"cores": 50, "memory": 3 * GIB, "gpus": 2}}
+
+
+def test_volcano_one_vgpu_without_a_number_is_one_share() -> None:
+    result = patched(pod(volcano(number=None, memory="1024")))
+    assert limits_annotation(result) == {"tp": {"cores": 50, "memory": GIB}}
+
+
+def test_volcano_cores_of_100_are_whole_gpus() -> None:
+    result = patched(pod(volcano(memory=None, cores="100")))
+    limits = result["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"cpu": "1", "docker.com/vcuda-core": "200", "nvidia.com/gpu": "2"}
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (volcano(cores=None), 'container "tp": volcano.sh/vgpu-cores is required: vcuda holds every '
+     "share to a part of its GPU's time; add volcano.sh/vgpu-cores: 1..99 per GPU, or 100 for "
+     "whole GPUs"),
+    (volcano(memory=None), 'container "tp": volcano.sh/vgpu-cores: 50 shares a GPU, so '
+     "volcano.sh/vgpu-memory is required; add volcano.sh/vgpu-memory: MiB per GPU (e.g. 3000)"),
+    (volcano(cores="0"), 'container "tp": volcano.sh/vgpu-cores: 0 is neither a share of a GPU '
+     "(1..99) nor a whole GPU (100); write one of those"),
+    (volcano(number="17"), 'container "tp": volcano.sh/vgpu-number: 17 must be 1..16 GPUs'),
+    (volcano(memory="0"), 'container "tp": volcano.sh/vgpu-memory: 0 must be at least 1 MiB'),
+    (volcano(memory="3Gi"), 'container "tp": volcano.sh/vgpu-memory: 3Gi is a byte size, but '
+     "volcano.sh/vgpu-memory counts MiB; write volcano.sh/vgpu-memory: 3072"),
+    (volcano(memory="90000"), 'container "tp": volcano.sh/vgpu-memory: 90000 MiB is more than '
+     "the largest GPU (81920 MiB); write at most 81920"),
+])
+def test_volcano_requests_vcuda_cannot_hold_are_denied_in_volcano_terms(
+        spec: dict[str, Any], message: str) -> None:
+    assert denial(pod(spec)) == message
+
+
+def test_volcano_value_that_is_no_whole_number_is_denied() -> None:
+    assert denial(pod(volcano(cores="50.5"))).startswith('container "tp": volcano.sh/vgpu-cores: ')
+
+
+def test_a_container_mixing_volcano_and_vcuda_names_is_told_which_to_keep() -> None:
+    spec = volcano()
+    spec["resources"]["limits"]["docker.com/vcuda-core"] = "50"
+    assert denial(pod(spec)) == (
+        'container "tp" mixes Volcano\'s names and vcuda\'s; keep vcuda\'s '
+        "(docker.com/vcuda-core, docker.com/vcuda-memory) and remove Volcano's")
+
+
+def test_a_pod_mixing_vocabularies_across_containers_is_told_which_to_keep() -> None:
+    other = shared("single")
+    assert denial(pod(volcano(), other)) == (
+        'the pod mixes request names (container "tp" writes Volcano\'s names; container '
+        '"single" writes vcuda\'s names); write every container in one of them, best vcuda\'s '
+        "own (docker.com/vcuda-core, docker.com/vcuda-memory)")
+
+
+HAMI = Config(hami_names=True)
+
+
+def hami(count: Any = "2", memory: Any = "3000", cores: Any = "30",
+         percent: Any = None) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    for key, value in (("nvidia.com/gpu", count), ("nvidia.com/gpumem", memory),
+                       ("nvidia.com/gpucores", cores),
+                       ("nvidia.com/gpumem-percentage", percent)):
+        if value is not None:
+            limits[key] = value
+    return container("tp", limits=limits)
+
+
+def test_hami_names_are_read_when_enabled() -> None:
+    result = patched(pod(hami()), HAMI)
+    limits = result["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"docker.com/vcuda-core": "30", "docker.com/vcuda-memory": "12",
+                      "nvidia.com/gpu.shared": "2"}
+    assert limits_annotation(result) == {"tp": {"cores": 30, "memory": 3 * GIB, "gpus": 2}}
+
+
+def test_hami_memory_percentage_is_of_the_largest_gpu() -> None:
+    result = patched(pod(hami(memory=None, percent="25")), HAMI)
+    assert limits_annotation(result) == {"tp": {"cores": 30, "memory": 20 * GIB, "gpus": 2}}
+
+
+def test_hami_gpucores_of_100_are_whole_gpus_of_nvidias_own_resource() -> None:
+    result = patched(pod(hami(memory=None, cores="100")), HAMI)
+    limits = result["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"docker.com/vcuda-core": "200", "nvidia.com/gpu": "2"}
+
+
+def test_nvidia_gpu_alone_keeps_its_meaning_with_hami_names_enabled() -> None:
+    assert create(pod(container("w", limits={"nvidia.com/gpu": "2"})), HAMI).patch == ()
+
+
+def test_hami_names_are_denied_where_not_enabled() -> None:
+    assert denial(pod(hami())) == (
+        'container "tp" asks for HAMi\'s nvidia.com/gpumem, gpumem-percentage or gpucores, '
+        "which this webhook reads only where its ConfigMap sets hami_names: true; set it, or "
+        "write vcuda's own names (docker.com/vcuda-core: 1..99, docker.com/vcuda-memory: N "
+        "(units of 256 MiB))")
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    (hami(percent="50"), 'container "tp": nvidia.com/gpumem and nvidia.com/gpumem-percentage '
+     "both give the memory; keep one"),
+    (hami(memory=None, percent="0"), 'container "tp": nvidia.com/gpumem-percentage: 0 must be '
+     "1..100 percent"),
+    (hami(cores=None), 'container "tp": nvidia.com/gpucores is required: vcuda holds every '
+     "share to a part of its GPU's time; add nvidia.com/gpucores: 1..99 per GPU, or 100 for "
+     "whole GPUs"),
+])
+def test_hami_requests_vcuda_cannot_hold_are_denied_in_hami_terms(
+        spec: dict[str, Any], message: str) -> None:
+    assert denial(pod(spec), HAMI) == message
+
+
+def test_a_container_mixing_volcano_and_hami_names_is_told_to_keep_one() -> None:
+    spec = hami()
+    spec["resources"]["limits"]["volcano.sh/vgpu-number"] = "2"
+    assert denial(pod(spec), HAMI) == (
+        'container "tp" mixes Volcano\'s and HAMi\'s names; keep one of them, or write vcuda\'s '
+        "own (docker.com/vcuda-core: 1..99, docker.com/vcuda-memory: N (units of 256 MiB))")
+
+
+def test_vcuda_gpus_of_another_domain_is_read_and_removed_too() -> None:
+    spec = container("tp", limits={"tencent.com/vcuda-core": "50", "tencent.com/vcuda-memory": "4",
+                                   "tencent.com/vcuda-gpus": "3"})
+    result = patched(pod(spec))
+    limits = result["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"docker.com/vcuda-core": "50", "docker.com/vcuda-memory": "4",
+                      "nvidia.com/gpu.shared": "3"}
+    assert limits_annotation(result)["tp"]["gpus"] == 3
+
+
+def test_volcano_names_in_requests_are_removed_with_those_in_limits() -> None:
+    spec = volcano()
+    spec["resources"]["requests"] = {"volcano.sh/vgpu-number": "2", "cpu": "1"}
+    result = patched(pod(spec))
+    assert result["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "1"}
+
+
+def test_the_webhooks_own_output_of_volcano_names_is_left_as_it_is() -> None:
+    assert create(patched(pod(volcano()))).patch == ()
