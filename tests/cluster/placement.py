@@ -39,12 +39,16 @@ def share(cores: int, gib: float) -> dict[str, str]:
 
 
 def pod(name: str, image: str, limits: dict[str, str]) -> dict:
-    """A pod that sleeps with ``limits`` (its scheduler is left to the webhook)."""
+    """A pod with ``limits`` (its scheduler left to the webhook) whose container logs the GPU
+    memory a CUDA program sees, then sleeps. The probe runs as the container's own process:
+    NVIDIA's runtime's stand-in gives the driver's environment to the spec it starts, which
+    ``kubectl exec`` does not take."""
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default"},
             "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
                 "name": "main", "image": image, "imagePullPolicy": "Never",
-                "command": ["sleep", "3600"], "resources": {"limits": limits}}]}}
+                "command": ["sh", "-c", f"{PROBE} link init ctx 0 info; exec sleep 3600"],
+                "resources": {"limits": limits}}]}}
 
 
 def create(cluster: Cluster, *pods: dict) -> None:
@@ -53,9 +57,17 @@ def create(cluster: Cluster, *pods: dict) -> None:
                                                       "items": list(pods)}))
 
 
-def delete(cluster: Cluster, *names: str) -> None:
+def delete(cluster: Cluster, *names: str, timeout: float = 120) -> None:
+    """Delete pods ``names`` and wait until the node agent pruned their ledger lines, which
+    it does at its next pass (every 30 s): until then their GPU room is still given out."""
+    listed = cluster.get("pods", "-n", "default")["items"]
+    uids = {pod["metadata"]["uid"] for pod in listed if pod["metadata"]["name"] in names}
     cluster.ok("delete", "pod", "-n", "default", "--ignore-not-found", "--wait=true",
                *names, timeout=300)
+    deadline = time.monotonic() + timeout
+    while uids & set(ledger(cluster)):
+        assert time.monotonic() < deadline, f"ledger lines of {names} are still there"
+        time.sleep(1)
 
 
 def wait_running(cluster: Cluster, *names: str, timeout: int = 180) -> None:
@@ -98,9 +110,8 @@ def spec_gpus(cluster: Cluster, name: str) -> list[str]:
 
 
 def cuda_total(cluster: Cluster, name: str) -> int:
-    """The total memory a CUDA program in pod ``name``'s container sees (cuMemGetInfo)."""
-    out = cluster.ok("exec", "-n", "default", name, "--", PROBE, "link", "init", "ctx", "0",
-                     "info")
+    """The total memory a CUDA program in pod ``name``'s container saw (cuMemGetInfo)."""
+    out = cluster.ok("logs", "-n", "default", name)
     info = next(line.split() for line in out.splitlines() if line.startswith("info "))
     assert info[1] == "CUDA_SUCCESS", out
     return int(info[3])
@@ -113,10 +124,11 @@ def ready(cluster: Cluster, timeout: float = 180) -> None:
 
 
 def plugin_sockets(cluster: Cluster) -> dict[str, int]:
-    """The inode of each of vcuda's device-plugin sockets in kubelet's device-plugins folder
-    on the node (under the node's overlay), by name."""
+    """When each of vcuda's device-plugin sockets in kubelet's device-plugins folder on the node
+    (under the node's overlay) was made, by name (not its inode, which a new one may reuse)."""
     folder = Path(cluster.kubeconfig.parent, "node", "var", "lib", "kubelet", "device-plugins")
-    return {name: (folder / name).stat().st_ino for name in _SOCKETS if (folder / name).exists()}
+    return {name: (folder / name).stat().st_mtime_ns for name in _SOCKETS
+            if (folder / name).exists()}
 
 
 def wait_plugins_served_again(cluster: Cluster, before: dict[str, int],
