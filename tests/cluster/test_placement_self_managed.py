@@ -22,9 +22,11 @@ def _binds() -> int:
     """The binds the extender answered ok, from its /metrics."""
     with urllib.request.urlopen(f"{_EXTENDER}/metrics", timeout=5) as answer:
         text = answer.read().decode()
-    found = re.search(r'^vcuda_extender_requests_total\{verb="bind",outcome="ok"\} (\S+)$', text,
-                      re.MULTILINE)
-    return int(float(found.group(1))) if found else 0
+    for line in text.splitlines():
+        labels = re.match(r"vcuda_extender_requests_total\{(.*)\} (\S+)$", line)
+        if labels and set(labels.group(1).split(",")) == {'verb="bind"', 'outcome="ok"'}:
+            return int(float(labels.group(2)))
+    raise AssertionError(f"no count of binds in the extender's /metrics:\n{text}")
 
 
 def _placed(cluster: Cluster, *limits: dict[str, str]) -> list[str]:
