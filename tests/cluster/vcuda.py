@@ -235,8 +235,11 @@ def wait_placement_ready(kubectl: Kubectl, node: str, deadline: float) -> None:
            == f"{100 * len(GPUS_MIB)} {len(GPUS_MIB)}", deadline,
            f"kubelet does not advertise vcuda.io/shared-gpu and vcuda.io/gpu of {node}")
     selector = "app.kubernetes.io/name in (vcuda-scheduler, vcuda-scheduler-extender)"
-    pods = _ok(kubectl, "get", "pods", "-n", NAMESPACE, "-l", selector, "-o",
-               "jsonpath={.items[*].metadata.name}").split()
+    listed = json.loads(_ok(kubectl, "get", "pods", "-n", NAMESPACE, "-l", selector, "-o",
+                            "json"))["items"]
+    # not those on their way out (a rollout's old pods), which never answer again
+    pods = [pod["metadata"]["name"] for pod in listed
+            if not pod["metadata"].get("deletionTimestamp")]
     for pod in pods:
         _until(functools.partial(_extender_ready, kubectl, pod), deadline,
                f"the extender of {pod} does not answer /readyz")
