@@ -77,7 +77,7 @@ class Demand:
     def describe(self) -> str:
         parts = []
         if self.cores:
-            parts.append(f"{self.cores}% and {_gib(self.memory)} of one GPU")
+            parts.append(f"{_percent(self.cores)} and {_gib(self.memory)} of one GPU")
         if self.whole:
             parts.append(f"{self.whole} whole GPU{'s' if self.whole > 1 else ''}")
         return " and ".join(parts)
@@ -107,8 +107,9 @@ def pod_demand(pod: Mapping[str, Any], core_keys: Iterable[str]) -> Demand:
                 largest_init = [max(a, b) for a, b in zip(largest_init, need)]
     cores, memory, whole = (max(a, b) for a, b in zip(running, largest_init))
     if cores >= CORES_PER_GPU:
-        raise DemandError(f"the pod's shared containers ask for {cores}% of one GPU together, "
-                          f"more than a share ({SHARES}); give them fewer cores, or whole GPUs")
+        raise DemandError(f"the pod's shared containers ask for {_percent(cores)} of one GPU "
+                          f"together, more than a share ({SHARES}); give them fewer cores, or "
+                          "whole GPUs")
     if memory > MAX_GPU_MEMORY:
         raise DemandError("the pod's shared containers ask for more memory of one GPU "
                           f"together than any GPU has ({MAX_GPU_MEMORY / (1 << 50):g} PiB); their "
@@ -205,10 +206,9 @@ class GpuUse:
             return f"GPU {self.gpu.index} is given whole"
         if self.full:
             return (f"GPU {self.gpu.index} has {self.pods} sharer{'s' if self.pods != 1 else ''}"
-                    ", the most its node allows "
-                    "on one GPU")
-        return (f"GPU {self.gpu.index} has {self.free_cores}% and {_gib(self.free_memory)} "
-                "free")
+                    ", the most its node allows on one GPU")
+        return (f"GPU {self.gpu.index} has {_percent(self.free_cores)} and "
+                f"{_gib(self.free_memory)} free")
 
 
 class NodeGpus:
@@ -585,7 +585,7 @@ def _score(node: NodeGpus, demand: Demand, shared: GpuUse | None, whole: int,
 
 
 def _no_share_reason(node: NodeGpus, demand: Demand) -> str:
-    wanted = f"no GPU has {demand.cores}% and {_gib(demand.memory)} free"
+    wanted = f"no GPU has {_percent(demand.cores)} and {_gib(demand.memory)} free"
     if any(g.gpu.sharers for g in node.gpus):
         wanted += " and room for one more sharer"
     open_gpus = [g for g in node.gpus if not g.whole]
@@ -595,6 +595,13 @@ def _no_share_reason(node: NodeGpus, demand: Demand) -> str:
                                              g.free_memory / max(demand.memory, 1)),
                                          -g.gpu.index))
     return f"{wanted} ({best.describe()}, the closest)"
+
+
+def _percent(cores: int) -> str:
+    """Cores in words, never with a '%': kube-scheduler writes the reasons of FailedNodes into
+    the pod's FailedScheduling event as a printf format, where '%' starts a verb ("30% and"
+    showed as "30%!a(MISSING)nd")."""
+    return f"{cores} percent"
 
 
 def _gib(size: int) -> str:

@@ -1,6 +1,9 @@
-"""The real one-node cluster of ``scripts/cluster``, up once for these tests and down after
-them, with vcuda installed on it (``--with-vcuda device-plugin``) where podman can build its
-image; skipped only where this machine cannot hold it (not root, no Go to build Kubernetes)."""
+"""The real one-node cluster of ``scripts/cluster``, with vcuda installed on it in the mode each
+test module needs (``--with-vcuda device-plugin``, ``placement``, ``placement/self-managed``)
+where podman can build its image. One cluster per machine: the tests are ordered by mode, so
+that each mode is brought up once, taken down before the next, and the last is taken down
+after the last test here. Skipped only where this machine cannot hold it (not root, no Go to
+build Kubernetes)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,12 @@ from tests.upstream import upstream_bin
 
 REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = REPO / "scripts" / "cluster"
+_HERE = Path(__file__).resolve().parent
+# The fixture of each mode, in the order the modes are brought up; other tests take the
+# device-plugin path's cluster (or any cluster that is up).
+_MODE_FIXTURES = {"vcuda": "device-plugin", "placement": "placement",
+                  "self_managed": "placement/self-managed"}
+_ORDER = ("device-plugin", "placement", "placement/self-managed")
 
 
 def _missing() -> str | None:
@@ -28,38 +37,125 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="package")
-def cluster() -> Iterator[Cluster]:
-    """``scripts/cluster up`` once for tests/cluster; ``down`` after its last test, whatever
-    happened, so that the rest of the suite runs on a machine without it. With
-    VCUDA_CLUSTER_KUBECONFIG set, the cluster already up of that admin kubeconfig (left up)."""
-    given = os.environ.get("VCUDA_CLUSTER_KUBECONFIG")
-    if given:
-        kubeconfig = Path(given)
-        handle = Cluster(kubeconfig, kubeconfig.parent / "bin" / "kubectl")
-        installed = handle.kubectl("get", "namespace", "vcuda-system").returncode == 0
-        yield Cluster(kubeconfig, handle.kubectl_path, installed)
-        return
-    reason = _missing()
-    if reason:
-        pytest.skip(reason)
-    with_vcuda = shutil.which("podman") is not None
-    try:
+def _mode_of(item: pytest.Item) -> str:
+    names = getattr(item, "fixturenames", ())
+    return next((mode for fixture, mode in _MODE_FIXTURES.items() if fixture in names),
+                "device-plugin")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests of this folder ordered by the mode of vcuda they need (stable within one),
+    in the places they had among the session's tests."""
+    places = [i for i, item in enumerate(items) if _HERE in Path(str(item.path)).parents]
+    ordered = sorted((items[i] for i in places), key=lambda item: _ORDER.index(_mode_of(item)))
+    for place, item in zip(places, ordered):
+        items[place] = item
+
+
+class Clusters:
+    """The machine's one cluster, brought up in the mode asked for (the one up taken down
+    first); with VCUDA_CLUSTER_KUBECONFIG, the cluster already up of that admin kubeconfig
+    (left up), whose mode the tests of another skip."""
+
+    def __init__(self) -> None:
+        self.mode: str | None = None
+        self.handle: Cluster | None = None
+        given = os.environ.get("VCUDA_CLUSTER_KUBECONFIG")
+        if given:
+            kubeconfig = Path(given)
+            self.handle = Cluster(kubeconfig, kubeconfig.parent / "bin" / "kubectl")
+            self.mode = _installed_mode(self.handle)
+            self.handle = Cluster(kubeconfig, self.handle.kubectl_path, self.mode is not None)
+        self._given = bool(given)
+
+    def any(self) -> Cluster:
+        """Whichever cluster is up, else the device-plugin path's (a bare one without
+        podman)."""
+        if self.handle is not None:
+            return self.handle
+        return self.get("device-plugin" if shutil.which("podman") else None)
+
+    def get(self, mode: str | None) -> Cluster:
+        """The cluster with vcuda installed in ``mode`` (None: none)."""
+        if self.handle is not None and self.mode == mode:
+            return self.handle
+        if self._given:
+            pytest.skip(f"the cluster of VCUDA_CLUSTER_KUBECONFIG has vcuda in mode "
+                        f"{self.mode}, these tests need {mode}")
+        reason = _missing()
+        if reason:
+            pytest.skip(reason)
+        if mode is not None and not shutil.which("podman"):
+            require_podman("to build the image that vcuda is installed from")
+        self.down()
         # VCUDA_KUBERNETES_VERSION (X.Y.Z) runs the suite on a release other than the default.
         version = os.environ.get("VCUDA_KUBERNETES_VERSION")
         started = subprocess.run([str(_SCRIPT), "up", *(["--version", version] if version else []),
-                                  *(["--with-vcuda", "device-plugin"] if with_vcuda else [])],
+                                  *(["--with-vcuda", mode] if mode else [])],
                                  stdout=subprocess.PIPE, text=True, timeout=1800, check=False)
-        assert started.returncode == 0, f"scripts/cluster up failed:\n{started.stdout}"
+        if started.returncode != 0:
+            self.down()
+            pytest.fail(f"scripts/cluster up --with-vcuda {mode} failed:\n{started.stdout}")
         kubeconfig = Path(started.stdout.strip().splitlines()[-1])
-        yield Cluster(kubeconfig, kubeconfig.parent / "bin" / "kubectl", with_vcuda)
-    finally:
-        subprocess.run([str(_SCRIPT), "down"], timeout=300, check=False)
+        self.mode = mode
+        self.handle = Cluster(kubeconfig, kubeconfig.parent / "bin" / "kubectl",
+                              mode is not None)
+        return self.handle
+
+    def down(self) -> None:
+        """Take down the cluster these tests started, if any."""
+        if self.handle is not None and not self._given:
+            subprocess.run([str(_SCRIPT), "down"], timeout=300, check=False)
+            self.handle = None
+
+
+def _installed_mode(cluster: Cluster) -> str | None:
+    """The mode vcuda is installed in on ``cluster`` (None: not installed)."""
+    def has(*args: str) -> bool:
+        return cluster.kubectl("get", *args, "-n", "vcuda-system").returncode == 0
+
+    if not has("namespace", "vcuda-system"):
+        return None
+    if has("deployment", "vcuda-scheduler"):
+        return "placement"
+    if has("daemonset", "vcuda-scheduler-extender"):
+        return "placement/self-managed"
+    return "device-plugin"
 
 
 @pytest.fixture(scope="package")
-def vcuda(cluster: Cluster) -> Cluster:
-    """The cluster, with vcuda installed on it as README "Install" says."""
-    if not cluster.with_vcuda:
-        require_podman("to build the image that vcuda is installed from")
-    return cluster
+def clusters() -> Iterator[Clusters]:
+    """The cluster of tests/cluster; ``down`` after its last test, whatever happened, so that
+    the rest of the suite runs on a machine without it."""
+    held = Clusters()
+    try:
+        yield held
+    finally:
+        held.down()
+
+
+@pytest.fixture(scope="module")
+def cluster(clusters: Clusters) -> Cluster:
+    """A cluster of the upstream components (vcuda installed on it or not)."""
+    return clusters.any()
+
+
+@pytest.fixture(scope="module")
+def vcuda(clusters: Clusters) -> Cluster:
+    """The cluster, with vcuda installed on it as README "Install" says (NVIDIA's device
+    plugin path)."""
+    return clusters.get("device-plugin")
+
+
+@pytest.fixture(scope="module")
+def placement(clusters: Clusters) -> Cluster:
+    """The cluster, with vcuda installed on the per-GPU placement path with the second
+    scheduler, ``vcuda-scheduler`` (``manifests/placement``)."""
+    return clusters.get("placement")
+
+
+@pytest.fixture(scope="module")
+def self_managed(clusters: Clusters) -> Cluster:
+    """The cluster, with vcuda's extender in its own kube-scheduler's configuration
+    (``manifests/placement/self-managed``)."""
+    return clusters.get("placement/self-managed")

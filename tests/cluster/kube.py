@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,3 +44,21 @@ class Cluster:
     def get(self, *args: str) -> dict:
         """An object (or list) as JSON."""
         return json.loads(self.ok("get", *args, "-o", "json"))
+
+    def events(self, name: str, needle: str, timeout: float = 120,
+               namespace: str = "default") -> str:
+        """The messages of pod ``name``'s events once one of them holds ``needle`` (all of
+        them when time runs out), one a line."""
+        deadline = time.monotonic() + timeout
+        while True:
+            events = self.ok("get", "events", "-n", namespace, "--field-selector",
+                             f"involvedObject.name={name}", "-o",
+                             "jsonpath={range .items[*]}{.message}{'\\n'}{end}")
+            if needle in events or time.monotonic() > deadline:
+                return events
+            time.sleep(1)
+
+    def vcuda_image(self) -> str:
+        """vcuda's image as installed (Debian: the fake driver's probe needs its C library)."""
+        deployment = self.get("deployment", "vcuda-webhook", "-n", "vcuda-system")
+        return deployment["spec"]["template"]["spec"]["containers"][0]["image"]

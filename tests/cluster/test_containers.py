@@ -5,19 +5,12 @@ the pod's events."""
 from __future__ import annotations
 
 import json
-import time
 
 from tests.cluster.kube import Cluster
-from tests.cluster.vcuda import NAMESPACE, PROBE
+from tests.cluster.vcuda import PROBE
 
 MEMORY_UNITS = 8  # vcuda-memory: 8 units of 256 MiB
 SHARE = {"docker.com/vcuda-core": "50", "docker.com/vcuda-memory": str(MEMORY_UNITS)}
-
-
-def _image(vcuda: Cluster) -> str:
-    """vcuda's image as installed (Debian: the probe program needs its C library)."""
-    deployment = vcuda.get("deployment", "vcuda-webhook", "-n", NAMESPACE)
-    return deployment["spec"]["template"]["spec"]["containers"][0]["image"]
 
 
 def _pod(name: str, image: str, command: str, env: dict[str, str] | None = None) -> str:
@@ -30,23 +23,11 @@ def _pod(name: str, image: str, command: str, env: dict[str, str] | None = None)
                            "resources": {"limits": SHARE}}]}})
 
 
-def _events(vcuda: Cluster, name: str, needle: str, timeout: float = 120) -> str:
-    """The pod's events once one of them holds ``needle`` (all of them when time runs out)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        events = vcuda.ok("get", "events", "-n", "default", "--field-selector",
-                          f"involvedObject.name={name}", "-o",
-                          "jsonpath={range .items[*]}{.message}{'\\n'}{end}")
-        if needle in events or time.monotonic() > deadline:
-            return events
-        time.sleep(1)
-
-
 def test_a_limited_container_has_its_limits_and_a_cuda_program_sees_them(
         vcuda: Cluster) -> None:
     command = ("test -s /etc/vcuda/limits && echo limits-file; cat /etc/ld.so.preload; "
                f"{PROBE} link init ctx 0 info")
-    vcuda.ok("apply", "-f", "-", stdin=_pod("limited", _image(vcuda), command))
+    vcuda.ok("apply", "-f", "-", stdin=_pod("limited", vcuda.vcuda_image(), command))
     try:
         vcuda.ok("wait", "pod/limited", "--for=jsonpath={.status.phase}=Succeeded",
                  "--timeout=120s")
@@ -62,11 +43,11 @@ def test_a_limited_container_has_its_limits_and_a_cuda_program_sees_them(
 
 def test_a_pod_that_sets_nvidia_visible_devices_itself_is_refused_with_the_hooks_line(
         vcuda: Cluster) -> None:
-    vcuda.ok("apply", "-f", "-", stdin=_pod("chooses-gpus", _image(vcuda), "true",
+    vcuda.ok("apply", "-f", "-", stdin=_pod("chooses-gpus", vcuda.vcuda_image(), "true",
                                             env={"NVIDIA_VISIBLE_DEVICES": "all"}))
     try:
         fix = "remove NVIDIA_VISIBLE_DEVICES from the pod's env: the device plugin chooses"
-        events = _events(vcuda, "chooses-gpus", fix)
+        events = vcuda.events("chooses-gpus", fix)
         assert fix in events, events
         assert vcuda.get("pod", "chooses-gpus")["status"]["phase"] != "Succeeded"
     finally:

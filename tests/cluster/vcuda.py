@@ -1,31 +1,44 @@
 """vcuda installed on the test cluster as README "Install" says, with stand-ins for what needs
-a GPU: ``scripts/cluster up --with-vcuda device-plugin`` calls these.
+a GPU: ``scripts/cluster up --with-vcuda MODE`` calls these, MODE one of :data:`MODES`.
 
 Real: vcuda's image (tests/image/build.py, podman), its manifests applied unchanged through
-an overlay that only names the image, the node labels, ``vcuda-node install`` on the node's
-containerd. Stand-ins
-(tests/cluster/node): NVIDIA's device plugin, NVIDIA's container runtime, the driver (the
-fake libcuda.so.1 and libnvidia-ml.so.1 of cshim/tests, two GPUs of different memory), and
-systemctl (no systemd runs this node).
+an overlay that only names the images, the node labels, ``vcuda-node install`` on the node's
+containerd; on the placement paths vcuda's device plugin registered with the real kubelet and
+the real kube-scheduler calling the extender (the ``vcuda-scheduler`` Deployment runs the
+cluster's own kube-scheduler binary, in an image of that binary alone). Stand-ins
+(tests/cluster/node): NVIDIA's device plugin (the device-plugin path only), NVIDIA's
+container runtime, the driver (the fake libcuda.so.1 and libnvidia-ml.so.1 of cshim/tests,
+two GPUs of different memory), and systemctl (no systemd runs this node).
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import os
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
+from tests.cri.images import add_file, directories, write_layout
 from tests.image import build
 
 REPO = Path(__file__).resolve().parents[2]
 DOUBLES = Path(__file__).resolve().parent / "node"
 FAKE_BUILD = REPO / "cshim" / "build" / "tests"
-MODES = ("device-plugin",)
+# Each mode and the folder of manifests/ it installs (README "Install", "Or with kustomize").
+MODES = {"device-plugin": "manifests", "placement": "manifests/placement",
+         "placement/self-managed": "manifests/placement/self-managed"}
+SELF_MANAGED_CONFIG = REPO / "manifests" / "placement" / "self-managed" / \
+    "kube-scheduler-config.yaml"
+SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler"  # what the placement path's image names
 NAMESPACE = "vcuda-system"
 # Two GPUs of different memory (MiB), as the fake NVML and libcuda read them.
 GPUS_MIB = (16384, 8192)
@@ -50,7 +63,24 @@ def refusal(mode: str) -> str | None:
     if mode in MODES:
         return None
     return (f"--with-vcuda {mode} is not supported yet: only {', '.join(MODES)} "
-            "(placement and DRA come with their own stand-ins)")
+            "(DRA comes with its own stand-ins)")
+
+
+def nvidia_plugin(mode: str) -> bool:
+    """Whether MODE runs NVIDIA's device plugin (its stand-in): the device-plugin path only;
+    on the placement paths vcuda's own plugin hands out the GPUs, and NVIDIA's must not run."""
+    return mode == "device-plugin"
+
+
+def scheduler_config(mode: str, kubeconfig: Path) -> str | None:
+    """The cluster's own kube-scheduler's --config for MODE: on the self-managed path the
+    README's file (manifests/placement/self-managed/kube-scheduler-config.yaml) with this
+    cluster's kubeconfig in place of kubeadm's; None on the other paths (no --config)."""
+    if mode != "placement/self-managed":
+        return None
+    config = yaml.safe_load(SELF_MANAGED_CONFIG.read_text())
+    config["clientConnection"]["kubeconfig"] = str(kubeconfig)
+    return json.dumps(config, indent=1)
 
 
 def driver_env() -> list[str]:
@@ -124,43 +154,109 @@ def import_images(ctr: Path, socket: Path, archives: list[Path]) -> None:
         archive.unlink()
 
 
-def overlay(work: Path, image: str) -> Path:
-    """The tests' overlay of manifests/ (the device-plugin path): the README's ``images:``
-    entry for vcuda's image."""
+def scheduler_archive(bin_dir: Path, version: str, work: Path) -> Path:
+    """The image ``registry.k8s.io/kube-scheduler:VERSION`` that the placement path's
+    Deployment names, made of the cluster's own kube-scheduler binary (upstream's, as
+    scripts/build-upstream built it; static, as in upstream's image), as an OCI layout tar:
+    nothing is pulled."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as out:
+        directories(out, ("etc", "tmp", "proc", "sys", "dev", "run", "var", "usr", "usr/local",
+                          "usr/local/bin"))
+        add_file(out, "usr/local/bin/kube-scheduler", (bin_dir / "kube-scheduler").read_bytes(),
+                 0o755)
+    return write_layout(work / "kube-scheduler.tar", {f"{SCHEDULER_IMAGE}:{version}": (
+        layer.getvalue(), {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin"]})})
+
+
+def overlay(work: Path, image: str, mode: str, version: str) -> Path:
+    """The tests' overlay of MODE's folder of manifests/: the README's ``images:`` entries,
+    vcuda's image and, on the placement path, kube-scheduler at the cluster's VERSION."""
     directory = work / "vcuda-overlay"
     directory.mkdir(parents=True, exist_ok=True)
     name, tag = image.rsplit(":", 1)
+    images = [{"name": "registry.invalid/vcuda/vcuda", "newName": name, "newTag": tag}]
+    if mode == "placement":
+        images.append({"name": SCHEDULER_IMAGE, "newTag": version})
     (directory / "kustomization.yaml").write_text(json.dumps({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(REPO / "manifests", directory)],
-        "images": [{"name": "registry.invalid/vcuda/vcuda", "newName": name, "newTag": tag}],
+        "resources": [os.path.relpath(REPO / MODES[mode], directory)], "images": images,
     }, indent=1))
     return directory
 
 
-def apply(kubectl: Kubectl, node: str, overlay_dir: Path) -> None:
+def apply(kubectl: Kubectl, node: str, overlay_dir: Path, mode: str) -> None:
     """README "Install" steps 3 (the device plugin's configuration; the plugin itself is the
-    stand-in already running), 4 and 5."""
-    _ok(kubectl, "create", "namespace", "nvidia-device-plugin")
-    _ok(kubectl, "apply", "-n", "nvidia-device-plugin", "-f",
-        str(REPO / "manifests" / "device-plugin" / "config.yaml"))
+    stand-in already running: device-plugin path only), 4 and 5; on the self-managed path the
+    node is labelled a control-plane node too (it is this cluster's), where the extender's
+    DaemonSet runs beside the cluster's own kube-scheduler."""
+    labels = ["vcuda.io/enabled=true"]
+    if nvidia_plugin(mode):
+        _ok(kubectl, "create", "namespace", "nvidia-device-plugin")
+        _ok(kubectl, "apply", "-n", "nvidia-device-plugin", "-f",
+            str(REPO / "manifests" / "device-plugin" / "config.yaml"))
+        labels.append("nvidia.com/device-plugin.config=vcuda-shared")
+    if mode == "placement/self-managed":
+        labels.append("node-role.kubernetes.io/control-plane=")
     _ok(kubectl, "apply", "-k", str(overlay_dir))
-    _ok(kubectl, "label", "node", node, "nvidia.com/device-plugin.config=vcuda-shared",
-        "vcuda.io/enabled=true")
+    _ok(kubectl, "label", "node", node, *labels)
 
 
-def wait_ready(kubectl: Kubectl, timeout: float = 600) -> None:
-    """Until every Deployment and DaemonSet of the device-plugin path rolled out (the
-    webhook's pods wait for the Secret of the certificate Job) and the Job set the webhook
-    configuration's caBundle."""
+def _workloads(mode: str) -> tuple[str, ...]:
+    placement = {"placement": ("deployment/vcuda-scheduler",),
+                 "placement/self-managed": ("daemonset/vcuda-scheduler-extender",)}
+    return ("deployment/vcuda-webhook", "daemonset/vcuda-node", *placement.get(mode, ()))
+
+
+def wait_ready(kubectl: Kubectl, mode: str, node: str, timeout: float = 600) -> None:
+    """Until every Deployment and DaemonSet of MODE rolled out (the webhook's pods wait for
+    the Secret of the certificate Job), the Job set the webhook configuration's caBundle, and
+    the apiserver reaches the webhook; on the placement paths also until kubelet advertises
+    vcuda's device plugins' slots for both GPUs and every extender has listed the nodes."""
     deadline = time.monotonic() + timeout
-    for workload in ("deployment/vcuda-webhook", "daemonset/vcuda-node"):
+    for workload in _workloads(mode):
         left = max(int(deadline - time.monotonic()), 1)
         _ok(kubectl, "-n", NAMESPACE, "rollout", "status", workload, f"--timeout={left}s")
     left = max(int(deadline - time.monotonic()), 1)
     _ok(kubectl, "wait", "mutatingwebhookconfiguration/vcuda-webhook", f"--timeout={left}s",
         "--for=jsonpath={.webhooks[0].clientConfig.caBundle}")
     _wait_for_admission(kubectl, deadline)
+    if mode in ("placement", "placement/self-managed"):
+        wait_placement_ready(kubectl, node, deadline)
+
+
+def wait_placement_ready(kubectl: Kubectl, node: str, deadline: float) -> None:
+    """Until kubelet advertises vcuda's slots of both GPUs (its device plugins registered:
+    100 shares and one whole GPU each) and each extender answers /readyz (it listed the
+    nodes); also after a restart of kubelet, the node agent or an extender."""
+    allocatable = "jsonpath={.status.allocatable.vcuda\\.io/shared-gpu} " \
+                  "{.status.allocatable.vcuda\\.io/gpu}"
+    _until(lambda: kubectl("get", "node", node, "-o", allocatable).stdout
+           == f"{100 * len(GPUS_MIB)} {len(GPUS_MIB)}", deadline,
+           f"kubelet does not advertise vcuda.io/shared-gpu and vcuda.io/gpu of {node}")
+    selector = "app.kubernetes.io/name in (vcuda-scheduler, vcuda-scheduler-extender)"
+    listed = json.loads(_ok(kubectl, "get", "pods", "-n", NAMESPACE, "-l", selector, "-o",
+                            "json"))["items"]
+    # not those on their way out (a rollout's old pods), which never answer again
+    pods = [pod["metadata"]["name"] for pod in listed
+            if not pod["metadata"].get("deletionTimestamp")]
+    for pod in pods:
+        _until(functools.partial(_extender_ready, kubectl, pod), deadline,
+               f"the extender of {pod} does not answer /readyz")
+
+
+def _extender_ready(kubectl: Kubectl, pod: str) -> bool:
+    probe = ("import urllib.request; "
+             "urllib.request.urlopen('http://127.0.0.1:8888/readyz', timeout=5)")
+    return kubectl("exec", "-n", NAMESPACE, pod, "-c", "extender", "--", "python", "-c",
+                   probe).returncode == 0
+
+
+def _until(ready: Callable[[], bool], deadline: float, failure: str) -> None:
+    while not ready():
+        if time.monotonic() > deadline:
+            raise InstallError(failure)
+        time.sleep(1)
 
 
 def _wait_for_admission(kubectl: Kubectl, deadline: float) -> None:

@@ -69,7 +69,8 @@ def test_filter_keeps_only_nodes_where_one_gpu_holds_the_share(
     result = filtered(extender, api, pod, ["roomy", "split"])
     assert result["NodeNames"] == ["roomy"]
     assert result["FailedNodes"] == {
-        "split": "no GPU has 30% and 10 GiB free (GPU 0 has 100% and 8 GiB free, the closest)"}
+        "split": "no GPU has 30 percent and 10 GiB free (GPU 0 has 100 percent and 8 GiB free, "
+                 "the closest)"}
 
 
 def test_a_node_whose_agent_stopped_publishing_is_filtered_out_for_good_with_the_reason(
@@ -120,8 +121,8 @@ def test_a_bind_that_no_longer_fits_fails_with_the_reason_and_leaves_no_ledger_l
     first, second = add(api, pod_object("a", 60, 10), pod_object("b", 60, 10))
     assert bind(extender, first, "n") == ""
     error = bind(extender, second, "n")
-    assert error == "node n: no GPU has 60% and 10 GiB free (GPU 0 has 40% and 6 GiB free, " \
-                    "the closest)"
+    assert error == "node n: no GPU has 60 percent and 10 GiB free (GPU 0 has 40 percent and " \
+                    "6 GiB free, the closest)"
     ledger = decode_ledger(stored_node(api, "n")["metadata"]["annotations"][LEDGER_ANNOTATION])
     assert set(ledger) == {first["metadata"]["uid"]}
     assert "nodeName" not in stored_pod(api, second)["spec"]
@@ -148,7 +149,7 @@ def test_a_concurrent_bind_on_the_same_node_makes_the_ledger_write_retry_and_see
         error = bind(extender, mine, "n")
     finally:
         other.stop()
-    assert error.startswith("node n: no GPU has 60% and 10 GiB free")
+    assert error.startswith("node n: no GPU has 60 percent and 10 GiB free")
     ledger = decode_ledger(stored_node(api, "n")["metadata"]["annotations"][LEDGER_ANNOTATION])
     assert set(ledger) == {theirs["metadata"]["uid"]}
 
@@ -176,8 +177,8 @@ def test_a_pod_filtered_while_a_bind_is_writing_counts_the_room_that_bind_takes(
     finally:
         written.set()
         binding.join()
-    assert answer["FailedNodes"] == {"n": "no GPU has 60% and 10 GiB free (GPU 0 has 40% and "
-                                          "6 GiB free, the closest)"}
+    assert answer["FailedNodes"] == {"n": "no GPU has 60 percent and 10 GiB free (GPU 0 has "
+                                          "40 percent and 6 GiB free, the closest)"}
     assert errors == [""]
 
 
@@ -261,8 +262,8 @@ def test_the_ledger_a_bind_wrote_is_counted_by_the_next_filter_without_decoding_
     second = stored_pod(api, add(api, pod_object("q", 50, 1))[0])
     written = stored_node(api, "n")
     answer = extender.verb("/filter", extender_args(second, ["n"]))  # the view has the write
-    assert answer["FailedNodes"] == {"n": "no GPU has 50% and 1 GiB free (GPU 0 has 40% and "
-                                            "15 GiB free, the closest)"}
+    assert answer["FailedNodes"] == {"n": "no GPU has 50 percent and 1 GiB free (GPU 0 has "
+                                            "40 percent and 15 GiB free, the closest)"}
     assert decoded == []
     text = written["metadata"]["annotations"][LEDGER_ANNOTATION]
     assert dict(policy.ledger_entries(text)) == decode(text)

@@ -97,14 +97,14 @@ def test_shares_of_one_pod_that_add_up_to_a_whole_gpu_are_refused() -> None:
     pod["spec"]["containers"].append(pod["spec"]["containers"][0] | {"name": "second"})
     pod["metadata"]["annotations"]["vcuda.io/limits"] = (
         '{"share": {"cores": 60, "memory": 1}, "second": {"cores": 60, "memory": 1}}')
-    with pytest.raises(DemandError, match="120% of one GPU together"):
+    with pytest.raises(DemandError, match="120 percent of one GPU together"):
         pod_demand(pod, CORE_KEYS)
 
 
 def test_a_node_whose_total_fits_but_no_single_gpu_does_is_unfit_with_the_closest_gpu() -> None:
     node = view([16 * GIB, 16 * GIB], {"a": shared_on(0, 50, 10), "b": shared_on(1, 50, 10)})
-    with pytest.raises(Unfit, match=r"no GPU has 30% and 8 GiB free \(GPU 0 has 50% and 6 GiB "
-                                    r"free, the closest\)") as caught:
+    with pytest.raises(Unfit, match=r"no GPU has 30 percent and 8 GiB free \(GPU 0 has "
+                                    r"50 percent and 6 GiB free, the closest\)") as caught:
         place(node, Demand(30, 8 * GIB, 0))
     assert not caught.value.final
 
@@ -260,7 +260,7 @@ def test_an_answer_is_remembered_for_what_the_ledger_and_binds_in_flight_give_ou
     itself = [*two, ("self", shared_on(0, 50, 4))]
     answer = placement("n1", annotations, demand, "spread", NOW, 120, itself, ignore="self")
     assert answer.assignment.shared[0] == gpu_uuid("n1", 0) and len(computed) == 2
-    with pytest.raises(Unfit, match="no GPU has 35%"):
+    with pytest.raises(Unfit, match="no GPU has 35 percent"):
         placement("n1", annotations, demand, "spread", NOW, 120,
                   [*two, ("d", shared_on(0, 20, 1)), ("e", shared_on(1, 10, 1))])
 
@@ -292,7 +292,7 @@ def test_a_gpu_published_with_overcommit_takes_shares_up_to_its_cores() -> None:
         LEDGER_ANNOTATION: encode_ledger(ledger)})["metadata"]["annotations"], cores=120)
     node = node_gpus("n1", annotations, NOW, 120)
     assert place(node, Demand(60, GIB, 0)).assignment.shared[0] == gpu_uuid("n1", 0)
-    with pytest.raises(Unfit, match=r"no GPU has 61% and 1 GiB free \(GPU 0 has 60% and 15 GiB "):
+    with pytest.raises(Unfit, match=r"no GPU has 61 percent and 1 GiB free \(GPU 0 has 60 percent and 15 GiB "):
         place(node, Demand(61, GIB, 0))
 
 
@@ -300,7 +300,7 @@ def test_a_gpu_with_its_cap_of_sharers_takes_no_more_and_says_so() -> None:
     ledger = {uid: Entry(f"team/{uid}", int(NOW), shared_on(0, 10, 1)) for uid in ("a", "b")}
     annotations = _with_sharing(node_object("n1", [16 * GIB], annotations={
         LEDGER_ANNOTATION: encode_ledger(ledger)})["metadata"]["annotations"], sharers=2)
-    with pytest.raises(Unfit, match=r"^no GPU has 10% and 1 GiB free and room for one more sharer "
+    with pytest.raises(Unfit, match=r"^no GPU has 10 percent and 1 GiB free and room for one more sharer "
                                     r"\(GPU 0 has 2 sharers, the most its node allows on one GPU, "
                                     r"the closest\)$"):
         place(node_gpus("n1", annotations, NOW, 120), Demand(10, GIB, 0))

@@ -1,0 +1,205 @@
+"""Per-GPU placement on the real cluster with the second scheduler (``scripts/cluster up
+--with-vcuda placement``): the ``vcuda-scheduler`` Deployment runs the cluster's own
+kube-scheduler, which calls vcuda's extender beside it; vcuda's device plugin is registered with
+the real kubelet. The node has two GPUs, of 16 GiB (index 0) and 8 GiB (index 1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import defaultdict
+
+from tests.cluster import placement as p
+from tests.cluster.kube import Cluster
+from tests.cluster.vcuda import NAMESPACE, REPO
+
+BIG = p.share(20, 10)  # only the 16 GiB GPU holds it
+SMALL = p.share(10, 2)  # either GPU holds it
+BURST = 40
+
+
+def _uuids(cluster: Cluster) -> tuple[str, str]:
+    large, small = p.gpus(cluster)
+    assert (large.memory, small.memory) == (16 << 30, 8 << 30)
+    return large.uuid, small.uuid
+
+
+def test_vcuda_scheduler_is_the_clusters_kube_scheduler_and_kubelet_has_vcudas_plugins(
+        placement: Cluster) -> None:
+    pods = placement.get("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=vcuda-scheduler")
+    version = json.loads(placement.ok("get", "--raw", "/version"))["gitVersion"]
+    assert len(pods["items"]) == 2
+    for pod in pods["items"]:
+        images = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+        assert images["kube-scheduler"] == f"registry.k8s.io/kube-scheduler:{version}"
+        assert all(c["ready"] for c in pod["status"]["containerStatuses"])
+    lease = placement.get("lease", "vcuda-scheduler", "-n", NAMESPACE)
+    assert lease["spec"]["holderIdentity"].split("_")[0] in {
+        pod["metadata"]["name"] for pod in pods["items"]}
+    allocatable = placement.get("node", p.NODE)["status"]["allocatable"]
+    assert (allocatable["vcuda.io/shared-gpu"], allocatable["vcuda.io/gpu"]) == ("200", "2")
+    assert "nvidia.com/gpu.shared" not in allocatable  # NVIDIA's plugin does not run here
+
+
+def test_a_share_only_the_large_gpu_holds_lands_there_and_binpack_puts_a_smaller_one_beside(
+        placement: Cluster) -> None:
+    """Each container gets exactly the GPU recorded at bind: in the ledger, on the pod, in the
+    OCI spec containerd ran, and as the memory a CUDA program in it sees."""
+    large, _ = _uuids(placement)
+    image = placement.vcuda_image()
+    p.create(placement, p.pod("big", image, BIG))
+    try:
+        p.wait_running(placement, "big")
+        got = placement.get("pod", "big", "-n", "default")
+        assert got["spec"]["schedulerName"] == "vcuda-scheduler"  # the webhook's
+        assigned = p.assignment(placement, "big")
+        assert assigned.shared == (large, 20, 10 << 30) and assigned.whole == ()
+        line = p.ledger(placement)[got["metadata"]["uid"]]
+        assert line.pod == "default/big" and line.assignment == assigned
+        assert p.spec_gpus(placement, "big") == [large]
+        assert p.cuda_total(placement, "big") == 10 << 30  # the share, on that GPU
+        p.create(placement, p.pod("small", image, SMALL))  # either GPU holds it
+        p.wait_running(placement, "small")
+        assert p.assignment(placement, "small").shared == (large, 10, 2 << 30)
+        assert p.spec_gpus(placement, "small") == [large]
+        assert p.cuda_total(placement, "small") == 2 << 30
+    finally:
+        p.delete(placement, "big", "small")
+
+
+def test_a_whole_gpu_pod_gets_an_unused_gpu_that_no_share_joins_until_it_ends(
+        placement: Cluster) -> None:
+    """With a share on the large GPU, a whole-GPU pod gets the small one; a share that only
+    the small GPU could hold then stays Pending with the extender's reason in its events, and
+    lands there once the whole-GPU pod is gone."""
+    large, small = _uuids(placement)
+    image = placement.vcuda_image()
+    p.create(placement, p.pod("big", image, BIG))
+    try:
+        p.wait_running(placement, "big")
+        p.create(placement, p.pod("whole", image, p.WHOLE))
+        p.wait_running(placement, "whole")
+        assert p.assignment(placement, "whole").whole == (small,)
+        assert p.spec_gpus(placement, "whole") == [small]
+        assert p.cuda_total(placement, "whole") == 8 << 30  # the whole small GPU, no limit
+        p.create(placement, p.pod("waits", image, p.share(10, 7)))
+        # as the event shows it: the reason holds no '%' (printf verbs in kube-scheduler's)
+        reason = ("no GPU has 10 percent and 7 GiB free (GPU 0 has 80 percent and 6 GiB free, "
+                  "the closest)")
+        events = placement.events("waits", reason, timeout=60)
+        assert reason in events, events
+        assert p.stays_pending(placement, "waits", 5)
+        p.delete(placement, "whole")
+        p.wait_running(placement, "waits")
+        assert p.assignment(placement, "waits").shared == (small, 10, 7 << 30)
+        assert p.spec_gpus(placement, "waits") == [small]
+        assert large != small
+    finally:
+        p.delete(placement, "big", "whole", "waits")
+
+
+def _restart(component: str) -> None:
+    subprocess.run([str(REPO / "scripts" / "cluster"), "restart", component], check=True,
+                   timeout=120)
+
+
+def _container_ids(cluster: Cluster, *names: str) -> dict[str, str]:
+    return {name: cluster.get("pod", name, "-n", "default")["status"]["containerStatuses"][0]
+            ["containerID"] for name in names}
+
+
+def test_kubelet_restarted_with_pods_running_keeps_their_gpus_and_places_new_pods(
+        placement: Cluster) -> None:
+    large, small = _uuids(placement)
+    image = placement.vcuda_image()
+    p.create(placement, p.pod("big", image, BIG), p.pod("whole", image, p.WHOLE))
+    try:
+        p.wait_running(placement, "big", "whole")
+        before = _container_ids(placement, "big", "whole")
+        sockets = p.plugin_sockets(placement)
+        _restart("kubelet")
+        p.wait_plugins_served_again(placement, sockets)
+        p.ready(placement)
+        assert _container_ids(placement, "big", "whole") == before  # not started again
+        assert (p.spec_gpus(placement, "big"), p.spec_gpus(placement, "whole")) == \
+            ([large], [small])
+        # kubelet's checkpoint still holds the running pods' slots: a new share gets others,
+        # and no GPU is given whole again (the scheduler's own fit already finds the node's
+        # vcuda-core taken: 20 + 100 + 10 of 200).
+        p.create(placement, p.pod("after", image, SMALL), p.pod("whole-2", image, p.WHOLE))
+        p.wait_running(placement, "after")
+        assert p.spec_gpus(placement, "after") == [large]
+        assert p.cuda_total(placement, "after") == 2 << 30
+        events = placement.events("whole-2", "0/1 nodes are available", timeout=60)
+        assert "0/1 nodes are available" in events, events
+        assert p.stays_pending(placement, "whole-2", 5)
+    finally:
+        p.delete(placement, "big", "whole", "after", "whole-2")
+
+
+def test_the_node_agent_restarted_keeps_running_containers_and_places_new_pods(
+        placement: Cluster) -> None:
+    large, _ = _uuids(placement)
+    image = placement.vcuda_image()
+    p.create(placement, p.pod("big", image, BIG))
+    try:
+        p.wait_running(placement, "big")
+        uid = placement.get("pod", "big", "-n", "default")["metadata"]["uid"]
+        before = _container_ids(placement, "big")
+        sockets = p.plugin_sockets(placement)
+        placement.ok("delete", "pod", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=vcuda-node",
+                     "--wait=true")
+        placement.ok("rollout", "status", "-n", NAMESPACE, "daemonset/vcuda-node",
+                     "--timeout=180s")
+        p.wait_plugins_served_again(placement, sockets)
+        p.ready(placement)
+        assert _container_ids(placement, "big") == before
+        assert p.cuda_total(placement, "big") == 10 << 30
+        assert uid in p.ledger(placement)  # the agent prunes only lines of ended pods
+        p.create(placement, p.pod("after", image, SMALL))
+        p.wait_running(placement, "after")
+        assert p.spec_gpus(placement, "after") == [large]
+    finally:
+        p.delete(placement, "big", "after")
+
+
+def test_the_extender_restarted_during_a_burst_places_every_pod_within_its_gpus(
+        placement: Cluster) -> None:
+    """A burst of small shares while each extender is restarted: every pod runs, on the GPU
+    the ledger gives it, no GPU holds more than it has, and no container is refused."""
+    image = placement.vcuda_image()
+    names = [f"burst-{n}" for n in range(BURST)]
+    schedulers = placement.ok("get", "pods", "-n", NAMESPACE, "-l",
+                              "app.kubernetes.io/name=vcuda-scheduler", "-o",
+                              "jsonpath={.items[*].metadata.name}").split()
+    # 40 half-GiB shares: 32 fill the 16 GiB GPU (binpack), 8 go to the other
+    p.create(placement, *(p.pod(name, image, p.share(2, 0.5)) for name in names))
+    try:
+        for scheduler in schedulers:  # SIGTERM to the extender: its container starts again
+            placement.ok("exec", "-n", NAMESPACE, scheduler, "-c", "extender", "--", "sh", "-c",
+                         "kill 1")
+        p.wait_running(placement, *names, timeout=600)
+        entries = p.ledger(placement)
+        uids = {placement.get("pod", name, "-n", "default")["metadata"]["uid"]: name
+                for name in names}
+        assert {uid for uid in entries if uid in uids} == set(uids)
+        used: dict[str, int] = defaultdict(int)
+        for entry in entries.values():
+            if entry.assignment.shared:
+                used[entry.assignment.shared[0]] += entry.assignment.shared[2]
+        memory = {gpu.uuid: gpu.memory for gpu in p.gpus(placement)}
+        assert all(used[uuid] <= memory[uuid] for uuid in used), used
+        for uid, name in uids.items():
+            assert p.spec_gpus(placement, name) == list(entries[uid].assignment.gpus())
+        restarts = placement.ok("get", "pods", "-n", NAMESPACE, "-l",
+                                "app.kubernetes.io/name=vcuda-scheduler", "-o",
+                                "jsonpath={.items[*].status.containerStatuses[?(@.name=="
+                                "'extender')].restartCount}").split()
+        assert restarts and all(int(count) >= 1 for count in restarts)
+        failed = placement.ok("get", "events", "-n", "default", "--field-selector",
+                              "reason=Failed", "-o", "jsonpath={range .items[*]}"
+                              "{.involvedObject.name}: {.message}{'\\n'}{end}")
+        refused = [line for line in failed.splitlines() if line.startswith("burst-")]
+        assert not refused, refused  # 0 containers refused at start
+    finally:
+        p.delete(placement, *names)
