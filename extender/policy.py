@@ -5,9 +5,9 @@ A pod's *shared* need is one GPU's worth of ``cores`` (percent) and ``memory`` (
 its shared containers: app containers and sidecars run together (their needs add up), init
 containers run one at a time before them (the largest counts). A container with shares of
 several GPUs (``"gpus": N`` in its limits entry) makes it that need on each of ``gpus`` distinct
-GPUs (the most any of its containers asks for): every share of the pod is counted on each. Its *whole* need is a number of
-GPUs that nothing else uses, counted the same way. A GPU given whole is never shared, and the
-other way round.
+GPUs (the most any of its containers asks for): every share of the pod is counted on each. Its
+*whole* need is a number of GPUs that nothing else uses, counted the same way. A GPU given
+whole is never shared, and the other way round.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class Assignment(Record):
 
     def shared_gpus(self) -> tuple[str, ...]:
         """The UUIDs of the GPUs the pod's share is on, the first GPU first."""
-        return ((self.shared[0],) + tuple(self.also_shared)) if self.shared else ()
+        return (self.shared[0], *self.also_shared) if self.shared else ()
 
     def gpus(self) -> tuple[str, ...]:
         """Every GPU UUID the pod uses."""

@@ -6,9 +6,9 @@ or a :class:`Refusal` whose message names the pod, the GPU and what is missing. 
 ``vcuda.io/assigned-gpus`` must agree with it.
 
 A pod's shared containers all get its shared GPU; one with shares of several GPUs (``"gpus": N``
-in its ``vcuda.io/limits`` entry) gets the first N of the pod's shared GPUs. Its whole GPUs are dealt out in the
-order of its containers: each app container takes the next ones; init containers run before
-them, one at a time, and take from the first.
+in its ``vcuda.io/limits`` entry) gets the first N of the pod's shared GPUs. Its whole GPUs
+are dealt out in the order of its containers: each app container takes the next ones; init
+containers run before them, one at a time, and take from the first.
 """
 
 from __future__ import annotations
