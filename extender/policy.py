@@ -3,9 +3,11 @@ and the GPUs it gets. Pure: a pod's and nodes' fields in, decisions out.
 
 A pod's *shared* need is one GPU's worth of ``cores`` (percent) and ``memory`` (bytes) for all of
 its shared containers: app containers and sidecars run together (their needs add up), init
-containers run one at a time before them (the largest counts). Its *whole* need is a number of
-GPUs that nothing else uses, counted the same way. A GPU given whole is never shared, and the
-other way round.
+containers run one at a time before them (the largest counts). A container with shares of
+several GPUs (``"gpus": N`` in its limits entry) makes it that need on each of ``gpus`` distinct
+GPUs (the most any of its containers asks for): every share of the pod is counted on each. Its
+*whole* need is a number of GPUs that nothing else uses, counted the same way. A GPU given
+whole is never shared, and the other way round.
 """
 
 from __future__ import annotations
@@ -57,27 +59,32 @@ class DemandError(ExtenderError, ValueError):
 
 
 class Demand:
-    """A pod's need: ``cores`` and ``memory`` on one shared GPU (0, 0: none), ``whole`` GPUs."""
+    """A pod's need: ``cores`` and ``memory`` on each of ``gpus`` shared GPUs (0, 0: none),
+    ``whole`` GPUs."""
 
-    __slots__ = ("cores", "memory", "whole")
+    __slots__ = ("cores", "gpus", "memory", "whole")
 
-    def __init__(self, cores: int, memory: int, whole: int) -> None:
+    def __init__(self, cores: int, memory: int, whole: int, gpus: int = 1) -> None:
         self.cores, self.memory, self.whole = cores, memory, whole
+        self.gpus = gpus if cores else 1
 
     def __bool__(self) -> bool:
         return bool(self.cores or self.whole)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Demand) and (self.cores, self.memory, self.whole) == (
-            other.cores, other.memory, other.whole)
+        return isinstance(other, Demand) and (self.cores, self.memory, self.whole,
+                                              self.gpus) == (other.cores, other.memory,
+                                                             other.whole, other.gpus)
 
     def __repr__(self) -> str:
-        return f"Demand(cores={self.cores}, memory={self.memory}, whole={self.whole})"
+        return (f"Demand(cores={self.cores}, memory={self.memory}, whole={self.whole}, "
+                f"gpus={self.gpus})")
 
     def describe(self) -> str:
         parts = []
         if self.cores:
-            parts.append(f"{_percent(self.cores)} and {_gib(self.memory)} of one GPU")
+            each = "one GPU" if self.gpus == 1 else f"each of {self.gpus} GPUs"
+            parts.append(f"{_percent(self.cores)} and {_gib(self.memory)} of {each}")
         if self.whole:
             parts.append(f"{self.whole} whole GPU{'s' if self.whole > 1 else ''}")
         return " and ".join(parts)
@@ -97,9 +104,11 @@ def pod_demand(pod: Mapping[str, Any], core_keys: Iterable[str]) -> Demand:
     core_keys = tuple(core_keys)
     running = [0, 0, 0]  # cores, memory, whole of what runs together
     largest_init = [0, 0, 0]
+    gpus = 1
     for list_name in ("initContainers", "containers"):
         for container in spec.get(list_name) or ():
-            need = _container_need(container, shares, core_keys)
+            *need, container_gpus = _container_need(container, shares, core_keys)
+            gpus = max(gpus, container_gpus)
             sidecar = list_name == "initContainers" and container.get("restartPolicy") == "Always"
             if list_name == "containers" or sidecar:
                 running = [a + b for a, b in zip(running, need)]
@@ -115,7 +124,7 @@ def pod_demand(pod: Mapping[str, Any], core_keys: Iterable[str]) -> Demand:
                           f"together than any GPU has ({MAX_GPU_MEMORY / (1 << 50):g} PiB); their "
                           f"entries in {LIMITS_ANNOTATION} are written by the vcuda webhook: "
                           "recreate the pod through it")
-    return Demand(cores, memory, whole)
+    return Demand(cores, memory, whole, gpus)
 
 
 def _shares(raw: str | None) -> dict[str, Any]:
@@ -129,7 +138,8 @@ def _shares(raw: str | None) -> dict[str, Any]:
 
 
 def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
-                    core_keys: tuple[str, ...]) -> tuple[int, int, int]:
+                    core_keys: tuple[str, ...]) -> tuple[int, int, int, int]:
+    """A container's cores, memory and whole GPUs, and how many GPUs its share is on."""
     name = container.get("name", "")
     limits = (container.get("resources") or {}).get("limits") or {}
     raw = next((limits[key] for key in core_keys if key in limits), None)
@@ -142,9 +152,9 @@ def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
     else:
         cores = _count(raw, name)
     if cores == 0:
-        return 0, 0, 0
+        return 0, 0, 0, 1
     if cores >= CORES_PER_GPU and cores % CORES_PER_GPU == 0:
-        return 0, 0, cores // CORES_PER_GPU
+        return 0, 0, cores // CORES_PER_GPU, 1
     try:
         entry = entry_limits(shares, name)
         gpus = 1 if entry is None else entry_gpus(shares, name)
@@ -155,12 +165,7 @@ def _container_need(container: Mapping[str, Any], shares: Mapping[str, Any],
                           f"{LIMITS_ANNOTATION}; that annotation is written by the vcuda "
                           "webhook: recreate the pod through it")
     cores, memory = entry
-    if gpus > 1:
-        raise DemandError(f'container "{name}" asks for shares of several GPUs (vcuda-gpus), '
-                          "which vcuda's scheduler extender does not place yet; ask for a share "
-                          "of one GPU, or use NVIDIA's time-slicing device plugin, whose "
-                          "replicas the node's hook checks are of distinct GPUs")
-    return cores, memory, 0
+    return cores, memory, 0, gpus
 
 
 _MAX_COUNT_DIGITS = 6  # a GPU limit's digits: 999999 is ten thousand GPUs
@@ -331,7 +336,7 @@ def placement(name: str, annotations: Mapping[str, str] | None, demand: Demand,
     bind that moves from pending to the ledger changes nothing given out: the answer holds."""
     node = _read(annotations, now, max_age)
     usage = _current(node, pending, ignore)
-    key = (node.gpus_id, usage, demand.cores, demand.memory, demand.whole, strategy)
+    key = (node.gpus_id, usage, demand.cores, demand.memory, demand.whole, demand.gpus, strategy)
     answer = _answers.get(key)
     if answer is None:
         try:
@@ -421,7 +426,8 @@ _inventories: Memo[str, tuple[Inventory, int] | str] = Memo(INVENTORY_BYTES)
 _gpu_sets: Memo[tuple[Gpu, ...], int] = Memo(GPU_SET_BYTES)
 _ledgers: Memo[str, Mapping[str, Entry] | str] = Memo(LEDGER_BYTES)
 _states: Memo[tuple[int, _Usage], NodeGpus] = Memo(STATE_BYTES)
-_answers: Memo[tuple[int, _Usage, int, int, int, str], Placement | Unfit] = Memo(ANSWER_BYTES)
+_answers: Memo[tuple[int, _Usage, int, int, int, int, str], Placement | Unfit] = Memo(
+    ANSWER_BYTES)
 _gpu_set_ids = itertools.count()
 
 
@@ -512,10 +518,12 @@ def _added(inventory: Inventory, usage: _Usage, assignments: Iterable[Assignment
     rows = bytearray(usage)
     # A GPU the ledger names but the inventory lacks is gone: nothing is placed on it anyway.
     for assignment in assignments:
-        if assignment.shared and (at := where.get(assignment.shared[0])) is not None:
-            cores, memory, whole, pods = _ROW.unpack_from(rows, at)
-            _ROW.pack_into(rows, at, min(cores + sign * assignment.shared[1], _MOST),
-                           min(memory + sign * assignment.shared[2], _MOST), whole, pods + sign)
+        for uuid in assignment.shared_gpus():  # each GPU of a share carries all of it
+            if assignment.shared and (at := where.get(uuid)) is not None:
+                cores, memory, whole, pods = _ROW.unpack_from(rows, at)
+                _ROW.pack_into(rows, at, min(cores + sign * assignment.shared[1], _MOST),
+                               min(memory + sign * assignment.shared[2], _MOST), whole,
+                               pods + sign)
         for uuid in assignment.whole:
             if (at := where.get(uuid)) is not None:
                 cores, memory, _, pods = _ROW.unpack_from(rows, at)
@@ -540,55 +548,87 @@ def place(node: NodeGpus, demand: Demand, strategy: str = "binpack",
     counts a bind in flight there, so a bind that lands elsewhere misleads the next filters).
     """
     idle = node.idle
-    shared: GpuUse | None = None
+    shared: list[GpuUse] = []
     if demand.cores:
-        fits = [g for g in node.gpus if not g.full
-                and g.free_cores >= demand.cores and g.free_memory >= demand.memory]
-        if demand.whole and len(idle) <= demand.whole:
-            fits = [g for g in fits if not g.idle]  # leave the idle GPUs to the whole part
-        if not fits:
-            raise Unfit(_no_share_reason(node, demand))
-        sign = -1 if strategy == "binpack" else 1
-        wanted = prefer.shared[0] if prefer is not None and prefer.shared else None
-        shared = next((g for g in fits if g.gpu.uuid == wanted), None) or min(
-            fits, key=lambda g: (sign * g.fill(demand.cores, demand.memory), g.gpu.index))
+        shared = _shared_gpus(node, demand, strategy, prefer)
     whole: list[GpuUse] = []
     if demand.whole:
-        free = [g for g in idle if g is not shared]
+        free = [g for g in idle if g not in shared]
         if len(free) < demand.whole:
             raise Unfit(f"{demand.whole} whole GPU{'s' if demand.whole > 1 else ''} wanted, "
                         f"{len(free)} of {len(node.gpus)} unused")
         preferred = set(prefer.whole) if prefer is not None else set()
         whole = sorted(free, key=lambda g: g.gpu.uuid not in preferred)[:demand.whole]
     assignment = Assignment(
-        (shared.gpu.uuid, demand.cores, demand.memory) if shared else None,
-        tuple(g.gpu.uuid for g in whole))
+        (shared[0].gpu.uuid, demand.cores, demand.memory) if shared else None,
+        tuple(g.gpu.uuid for g in whole), tuple(g.gpu.uuid for g in shared[1:]))
     return Placement(assignment, _score(node, demand, shared, len(whole), strategy))
 
 
-def _score(node: NodeGpus, demand: Demand, shared: GpuUse | None, whole: int,
+def _shared_gpus(node: NodeGpus, demand: Demand, strategy: str,
+                 prefer: Assignment | None) -> list[GpuUse]:
+    """The ``demand.gpus`` distinct GPUs that take the pod's share: those of ``prefer`` that
+    still fit, then the fullest (binpack) or emptiest (spread); raise Unfit when too few fit.
+    Idle GPUs the whole part needs are left to it."""
+    fits = [g for g in node.gpus if not g.full
+            and g.free_cores >= demand.cores and g.free_memory >= demand.memory]
+    idle_left = len(node.idle) - demand.whole  # idle GPUs the share may take
+    if demand.whole and idle_left < demand.gpus:
+        fits = _at_most_idle(fits, idle_left)
+    if len(fits) < demand.gpus:
+        raise Unfit(_no_share_reason(node, demand, len(fits)))
+    sign = -1 if strategy == "binpack" else 1
+    wanted = prefer.shared_gpus() if prefer is not None else ()
+    fits.sort(key=lambda g: (g.gpu.uuid not in wanted,
+                             sign * g.fill(demand.cores, demand.memory), g.gpu.index))
+    return fits[:demand.gpus]
+
+
+def _at_most_idle(fits: list[GpuUse], idle: int) -> list[GpuUse]:
+    """``fits`` with all but its first ``idle`` idle GPUs (at least none) taken out."""
+    kept: list[GpuUse] = []
+    for gpu in fits:
+        if gpu.idle:
+            if idle <= 0:
+                continue
+            idle -= 1
+        kept.append(gpu)
+    return kept
+
+
+def _score(node: NodeGpus, demand: Demand, shared: list[GpuUse], whole: int,
            strategy: str) -> int:
-    """Binpack: fuller is better, for the chosen GPU and the node; spread: emptier is better."""
+    """Binpack: fuller is better, for the chosen GPUs and the node; spread: emptier is
+    better."""
     if not node.gpus:
         return 0
     node_fill = node.filled + whole
-    if shared is not None:
-        node_fill += shared.fill(demand.cores, demand.memory) - shared.filled
+    gpu_fills = [g.fill(demand.cores, demand.memory) for g in shared]
+    node_fill += sum(gpu_fills) - sum(g.filled for g in shared)
     node_fill /= len(node.gpus)
     fill = node_fill
-    if shared is not None:
-        gpu_fill = shared.fill(demand.cores, demand.memory)
+    if shared:
+        gpu_fill = sum(gpu_fills) / len(gpu_fills)
         fill = _GPU_WEIGHT * gpu_fill + (1 - _GPU_WEIGHT) * node_fill
     if strategy == "spread":
         fill = 1.0 - fill
     return max(0, min(MAX_SCORE, round(fill * MAX_SCORE)))
 
 
-def _no_share_reason(node: NodeGpus, demand: Demand) -> str:
-    wanted = f"no GPU has {_percent(demand.cores)} and {_gib(demand.memory)} free"
+def _no_share_reason(node: NodeGpus, demand: Demand, fitting: int) -> str:
+    room = f"{_percent(demand.cores)} and {_gib(demand.memory)} free"
     if any(g.gpu.sharers for g in node.gpus):
-        wanted += " and room for one more sharer"
+        room += " and room for one more sharer"
     open_gpus = [g for g in node.gpus if not g.whole]
+    if demand.gpus == 1:
+        wanted = f"no GPU has {room}"
+    else:
+        wanted = (f"{demand.gpus} GPUs with {room} each wanted, {fitting} of "
+                  f"{len(node.gpus)} {'has' if fitting == 1 else 'have'} it")
+        open_gpus = [g for g in open_gpus if g.full or g.free_cores < demand.cores
+                     or g.free_memory < demand.memory]  # the closest of those that do not fit
+        if not open_gpus:
+            return wanted
     if not open_gpus:
         return f"{wanted}: {'every GPU is given whole' if node.gpus else 'no GPU'}"
     best = max(open_gpus, key=lambda g: (min(g.free_cores / max(demand.cores, 1),

@@ -10,7 +10,8 @@ written by the device side that a pod without host privileges cannot forge:
   GPU. A pod can only make such a mount with a ``hostPath`` volume, which the
   namespaces of tenants must forbid (Pod Security ``baseline`` does). vcuda's
   own device plugin gives GPUs the same way (through a CDI spec).
-- vcuda's placement: the shared GPU that the scheduler extender chose at bind,
+- vcuda's placement: the shared GPU(s) that the scheduler extender chose at bind (a container
+  with shares of N GPUs takes the first N of its pod's ``shared`` and ``also_shared``),
   in the pod's ``vcuda.io/assigned-gpus`` (containerd passes ``vcuda.io/*`` pod
   annotations into the spec). Only the extender writes it, through the pod's
   Binding; the webhook removes it from new pods and refuses updates that touch it.
@@ -33,6 +34,7 @@ from _collections_abc import Callable, Iterable, Mapping
 from runtime_hook import fast_json
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, Gpu, is_mig
 from runtime_hook.hook_errors import HookError
+from runtime_hook.limits_decision import requested_limits
 from runtime_hook.oci_spec import Container
 from runtime_hook.record import Record
 
@@ -88,19 +90,27 @@ def from_volume_mounts(container: Container) -> tuple[str, ...] | None:
 
 
 def from_assignment(container: Container) -> tuple[str, ...] | None:
-    """The shared GPU vcuda's scheduler bound the pod to, or None when it did not place it."""
+    """The shared GPUs vcuda's scheduler bound the pod to for this container, or None when it
+    did not place it."""
     raw = container.annotations.get(ASSIGNMENT_ANNOTATION)
     if raw is None:
         return None
     try:
         body = fast_json.loads(raw)
         shared = body.get("shared") if isinstance(body, dict) else None
+        also = body.get("also_shared", []) if isinstance(body, dict) else []
     except ValueError:
-        shared = None
+        shared, also = None, []
     if not (isinstance(shared, list) and shared and isinstance(shared[0], str) and shared[0]):
         raise HookError(f"annotation {ASSIGNMENT_ANNOTATION} ({raw[:200]}) names no shared GPU "
                         "for this limited container", _FIX_PLACEMENT)
-    return (shared[0],)
+    request = requested_limits(container.annotations)
+    count = request.gpus if request is not None else 1
+    gpus = [shared[0], *also] if isinstance(also, list) else []
+    if len(gpus) < count or not all(isinstance(gpu, str) and gpu for gpu in gpus):
+        raise HookError(f"annotation {ASSIGNMENT_ANNOTATION} ({raw[:200]}) names fewer than the "
+                        f"{count} shared GPUs this container asks for", _FIX_PLACEMENT)
+    return tuple(gpus[:count])
 
 
 def device_plugin_spec(gpus: Iterable[str]) -> tuple[list[str], list[dict]]:

@@ -20,6 +20,10 @@ Three annotations, all JSON, all written by vcuda only:
                                             "shared": ["GPU-...", 30, 10737418240],
                                             "whole": ["GPU-...", ...]}}}
 
+  A share of several GPUs (a container's ``"gpus": N`` in ``vcuda.io/limits``) adds
+  ``"also_shared": ["GPU-...", ...]``: the N-1 further GPUs that each carry the same cores
+  and bytes as the first. An entry without it is a share of one GPU, as before.
+
   It is the truth of what each GPU has given out: two binds on one node cannot both
   succeed against the same version of it.
 - ``vcuda.io/assigned-gpus`` on a Pod, written with its Binding: the same ``shared`` and
@@ -88,21 +92,30 @@ class Inventory(Record):
 
 
 class Assignment(Record):
-    """The GPUs one pod got: ``shared`` is (uuid, cores, memory bytes) or None; ``whole`` UUIDs."""
+    """The GPUs one pod got: ``shared`` is (uuid, cores, memory bytes) or None; ``whole`` UUIDs;
+    ``also_shared`` the further GPUs that each carry the same share as ``shared``'s."""
 
-    _fields = ("shared", "whole")
+    _fields = ("shared", "whole", "also_shared")
     __slots__ = _fields
+    _defaults = ((),)
     shared: tuple[str, int, int] | None
     whole: tuple[str, ...]
+    also_shared: tuple[str, ...]
+
+    def shared_gpus(self) -> tuple[str, ...]:
+        """The UUIDs of the GPUs the pod's share is on, the first GPU first."""
+        return (self.shared[0], *self.also_shared) if self.shared else ()
 
     def gpus(self) -> tuple[str, ...]:
         """Every GPU UUID the pod uses."""
-        return ((self.shared[0],) if self.shared else ()) + tuple(self.whole)
+        return self.shared_gpus() + tuple(self.whole)
 
     def to_json(self) -> dict:
         body: dict = {}
         if self.shared:
             body["shared"] = list(self.shared)
+            if self.also_shared:
+                body["also_shared"] = list(self.also_shared)
         if self.whole:
             body["whole"] = list(self.whole)
         return body
@@ -220,8 +233,8 @@ def decode_assignment(text: str) -> Assignment:
 
 
 def assignment_from(body: dict) -> Assignment:
-    """The ``shared`` and ``whole`` fields of a ledger entry or an assignment; raise ValueError
-    naming what is wrong."""
+    """The ``shared``, ``also_shared`` and ``whole`` fields of a ledger entry or an assignment;
+    raise ValueError naming what is wrong."""
     shared = body.get("shared")
     if shared is not None:
         if not isinstance(shared, list) or len(shared) != 3:
@@ -231,7 +244,14 @@ def assignment_from(body: dict) -> Assignment:
     whole = body.get("whole") or []
     if not isinstance(whole, list) or len(whole) > MAX_GPUS:
         raise ValueError(f"whole is not a list of at most {MAX_GPUS} UUIDs")
-    return Assignment(shared, tuple(_uuid(uuid) for uuid in whole))
+    also = body.get("also_shared") or []
+    if not isinstance(also, list) or len(also) >= MAX_GPUS or (also and shared is None):
+        raise ValueError(f"also_shared is not a list of fewer than {MAX_GPUS} UUIDs beside "
+                         "a shared GPU")
+    also_shared = tuple(_uuid(uuid) for uuid in also)
+    if shared and len(set(also_shared) | {shared[0]}) != len(also_shared) + 1:
+        raise ValueError("a GPU of the share is listed twice")
+    return Assignment(shared, tuple(_uuid(uuid) for uuid in whole), also_shared)
 
 
 def _object(text: str, name: str, limit: int) -> dict:

@@ -5,9 +5,10 @@ or a :class:`Refusal` whose message names the pod, the GPU and what is missing. 
 (on the Node, written only by vcuda's scheduler extender) is the trusted record; the pod's
 ``vcuda.io/assigned-gpus`` must agree with it.
 
-A pod's shared containers all get its one shared GPU. Its whole GPUs are dealt out in the
-order of its containers: each app container takes the next ones; init containers run before
-them, one at a time, and take from the first.
+A pod's shared containers all get its shared GPU; one with shares of several GPUs (``"gpus": N``
+in its ``vcuda.io/limits`` entry) gets the first N of the pod's shared GPUs. Its whole GPUs
+are dealt out in the order of its containers: each app container takes the next ones; init
+containers run before them, one at a time, and take from the first.
 """
 
 from __future__ import annotations
@@ -18,8 +19,13 @@ from typing import Any
 from runtime_hook.contract import (
     ASSIGNMENT_ANNOTATION,
     CORES_PER_GPU,
+    LIMITS_ANNOTATION,
     SHARED_RESOURCE,
     WHOLE_RESOURCE,
+    ContractError,
+    entry_gpus,
+    entry_limits,
+    limits_table,
 )
 from runtime_hook.hook_errors import NodeError
 from runtime_hook.placement import Entry, PlacementError, decode_assignment
@@ -68,7 +74,7 @@ def container_gpus(pod: Mapping[str, Any], ledger: Mapping[str, Entry], node: st
         if not assignment.shared:
             raise Refusal(f"{who} was bound without a shared GPU, yet container {container} "
                           f"asks for {SHARED_RESOURCE}; {_PLACE_AGAIN}")
-        gpus: tuple[str, ...] = (assignment.shared[0],)
+        gpus = _shared_share(pod, assignment.shared_gpus(), container, who)
     elif resource == WHOLE_RESOURCE:
         gpus = _whole_share(pod, assignment.whole, container, core_keys, who)
     else:
@@ -78,6 +84,20 @@ def container_gpus(pod: Mapping[str, Any], ledger: Mapping[str, Entry], node: st
         raise Refusal(f"GPU {missing[0]}, given to {who} at bind, is not on node {node} now "
                       f"(it has {', '.join(sorted(present)) or 'no GPU'}); {_PLACE_AGAIN}")
     return gpus
+
+
+def _shared_share(pod: Mapping[str, Any], shared: tuple[str, ...], container: str,
+                  who: str) -> tuple[str, ...]:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(LIMITS_ANNOTATION, "{}")
+    try:
+        table = limits_table(raw)
+        count = entry_gpus(table, container) if entry_limits(table, container) else 1
+    except ContractError as exc:
+        raise Refusal(f"{who}: {exc}") from None
+    if count > len(shared):
+        raise Refusal(f"{who}: container {container} asks for shares of {count} GPUs, and the "
+                      f"pod was bound with {len(shared)} shared GPU(s); {_PLACE_AGAIN}")
+    return shared[:count]
 
 
 def _whole_share(pod: Mapping[str, Any], whole: tuple[str, ...], container: str,

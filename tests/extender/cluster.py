@@ -58,16 +58,19 @@ def node_object(name: str, memories: list[int], heartbeat: float = NOW,
 
 
 def pod_object(name: str, cores: int = 0, memory_gib: float = 0, whole: int = 0,
-               namespace: str = "team", init: tuple[int, float] | None = None) -> dict[str, Any]:
+               namespace: str = "team", init: tuple[int, float] | None = None,
+               gpus: int = 1) -> dict[str, Any]:
     """A pod as the webhook admits it with vcuda's device plugin resources: a shared container
-    (cores, memory) and/or whole GPUs."""
+    (cores, memory on each of ``gpus`` GPUs) and/or whole GPUs."""
     containers, limits_table = [], {}
     if cores:
         containers.append(_container("share", {"docker.com/vcuda-core": str(cores),
                                                "docker.com/vcuda-memory":
                                                    str(int(memory_gib * 4)),
-                                               SHARED_RESOURCE: "1"}))
+                                               SHARED_RESOURCE: str(gpus)}))
         limits_table["share"] = {"cores": cores, "memory": int(memory_gib * GIB)}
+        if gpus > 1:
+            limits_table["share"]["gpus"] = gpus
     if whole:
         containers.append(_container("whole", {"docker.com/vcuda-core": str(100 * whole),
                                                WHOLE_RESOURCE: str(whole)}))

@@ -115,6 +115,23 @@ def test_bind_records_the_gpu_in_the_ledger_and_on_the_pod_and_binds_it(
     assert ledger[pod["metadata"]["uid"]].pod == "team/p"
 
 
+def test_bind_of_a_two_gpu_share_records_both_gpus_in_the_ledger_and_on_the_pod(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    add(api, node_object("n", [16 * GIB, 16 * GIB]))
+    pod = add(api, pod_object("p", cores=30, memory_gib=10, gpus=2))[0]
+    assert bind(extender, pod, "n") == ""
+    stored = stored_pod(api, pod)
+    assignment = decode_assignment(stored["metadata"]["annotations"][ASSIGNMENT_ANNOTATION])
+    assert assignment.shared == (gpu_uuid("n", 0), 30, 10 * GIB)
+    assert assignment.shared_gpus() == (gpu_uuid("n", 0), gpu_uuid("n", 1))
+    ledger = decode_ledger(stored_node(api, "n")["metadata"]["annotations"][LEDGER_ANNOTATION])
+    assert ledger[pod["metadata"]["uid"]].assignment == assignment
+    # Both GPUs now hold 30%: a second two-GPU share of 80% fits on neither.
+    second = add(api, pod_object("q", cores=80, memory_gib=1, gpus=2))[0]
+    assert "2 GPUs with 80 percent and 1 GiB free each wanted, 0 of 2 have it" in bind(
+        extender, second, "n")
+
+
 def test_a_bind_that_no_longer_fits_fails_with_the_reason_and_leaves_no_ledger_line(
         extender: RunningExtender, api: FakeClusterApi) -> None:
     add(api, node_object("n", [16 * GIB]))

@@ -22,6 +22,7 @@ from runtime_hook.contract import INVENTORY_ANNOTATION, LEDGER_ANNOTATION, Gpu
 from runtime_hook.placement import (
     Assignment,
     Entry,
+    PlacementError,
     decode_inventory,
     decode_ledger,
     encode_inventory,
@@ -331,10 +332,56 @@ def test_the_inventory_writes_cores_and_sharers_only_where_they_are_not_the_defa
     assert decode_inventory(text).gpus == (plain, shared)
 
 
-def test_shares_of_several_gpus_are_refused_until_the_extender_places_them() -> None:
-    pod = pod_object("p", cores=30, memory_gib=10)
-    pod["metadata"]["annotations"]["vcuda.io/limits"] = (
-        '{"share": {"cores": 30, "memory": 10737418240, "gpus": 2}}')
-    with pytest.raises(DemandError, match=r'container "share" asks for shares of several GPUs '
-                                          r"\(vcuda-gpus\), which vcuda's scheduler extender"):
-        pod_demand(pod, CORE_KEYS)
+def test_a_share_of_several_gpus_is_the_pods_need_on_each_of_them() -> None:
+    pod = pod_object("p", cores=30, memory_gib=10, gpus=2)
+    assert pod_demand(pod, CORE_KEYS) == Demand(30, 10 * GIB, 0, 2)
+
+
+def test_a_two_gpu_share_is_placed_on_two_distinct_gpus_that_each_fit() -> None:
+    node = view([16 * GIB, 16 * GIB])
+    assignment = place(node, Demand(30, 10 * GIB, 0, 2)).assignment
+    assert assignment.shared == (gpu_uuid("n1", 0), 30, 10 * GIB)
+    assert assignment.shared_gpus() == (gpu_uuid("n1", 0), gpu_uuid("n1", 1))
+
+
+def test_a_two_gpu_share_where_only_one_gpu_fits_is_unfit_saying_how_many_fit() -> None:
+    node = view([16 * GIB, 16 * GIB], {"a": shared_on(1, 80, 2)})
+    with pytest.raises(Unfit) as caught:
+        place(node, Demand(30, 10 * GIB, 0, 2))
+    assert caught.value.reason == ("2 GPUs with 30 percent and 10 GiB free each wanted, 1 of 2 has it "
+                                   "(GPU 1 has 20 percent and 14 GiB free, the closest)")
+    assert "\n" not in caught.value.reason and not caught.value.final
+
+
+def test_binpack_takes_the_fullest_gpus_for_a_two_gpu_share_and_spread_the_emptiest() -> None:
+    node = view([16 * GIB] * 4, {"a": shared_on(1, 40, 8), "b": shared_on(2, 60, 4),
+                                 "c": shared_on(3, 10, 1)})
+    demand = Demand(20, 4 * GIB, 0, 2)
+    by = {strategy: place(node, demand, strategy).assignment.shared_gpus()
+          for strategy in ("binpack", "spread")}
+    assert by["binpack"] == (gpu_uuid("n1", 2), gpu_uuid("n1", 1))
+    assert by["spread"] == (gpu_uuid("n1", 0), gpu_uuid("n1", 3))
+
+
+def test_a_two_gpu_share_in_the_ledger_counts_on_both_gpus_and_old_entries_still_read() -> None:
+    two = Assignment((gpu_uuid("n1", 0), 60, 10 * GIB), (), (gpu_uuid("n1", 1),))
+    node = view([16 * GIB] * 3, {"a": two})
+    assert [(g.cores, g.memory, g.pods) for g in node.gpus] == [
+        (60, 10 * GIB, 1), (60, 10 * GIB, 1), (0, 0, 0)]
+    text = encode_ledger({"a": Entry("team/p", int(NOW), two)})
+    assert json.loads(text)["pods"]["a"]["also_shared"] == [gpu_uuid("n1", 1)]
+    assert decode_ledger(text)["a"].assignment == two
+    old = '{"version":1,"pods":{"a":{"pod":"team/p","at":1,"shared":["GPU-x",30,1]}}}'
+    assert decode_ledger(old)["a"].assignment == Assignment(("GPU-x", 30, 1), ())
+
+
+@pytest.mark.parametrize(("also", "reason"), [
+    ('["GPU-x"]', "a GPU of the share is listed twice"),
+    ('"GPU-y"', "also_shared is not a list"),
+])
+def test_a_ledger_whose_share_of_several_gpus_is_malformed_is_refused_with_the_reason(
+        also: str, reason: str) -> None:
+    text = ('{"version":1,"pods":{"a":{"pod":"team/p","at":1,"shared":["GPU-x",30,1],'
+            f'"also_shared":{also}}}}}}}')
+    with pytest.raises(PlacementError, match=reason):
+        decode_ledger(text)

@@ -190,3 +190,26 @@ def test_an_assignment_without_a_shared_gpu_refuses_a_limited_container(value: s
     container = _container(A, annotations={"vcuda.io/assigned-gpus": value})
     with pytest.raises(HookError, match="names no shared GPU for this limited container"):
         assigned(container, INVENTORY)
+
+
+def _bound_to_both(gpus: int) -> dict[str, str]:
+    """A pod bound with a share of A and B, for a container asking for ``gpus`` of them."""
+    entry = '{"cores": 30, "memory": 1073741824' + (f', "gpus": {gpus}' if gpus > 1 else "")
+    return {"vcuda.io/assigned-gpus": f'{{"shared":["{A}",30,1073741824],"also_shared":["{B}"]}}',
+            "vcuda.io/limits": f'{{"tp": {entry}}}}}',
+            "io.kubernetes.cri.container-name": "tp"}
+
+
+def test_a_two_gpu_share_bound_at_bind_gets_both_gpus_into_the_limits_file() -> None:
+    container = _container(A, B, annotations=_bound_to_both(2))
+    assert assigned(container, INVENTORY) == Devices((A, B), (A, B))
+
+
+def test_a_one_gpu_container_of_a_pod_with_a_two_gpu_share_gets_the_first_gpu() -> None:
+    assert assigned(_container(A, annotations=_bound_to_both(1)), INVENTORY) == Devices((A,), (A,))
+
+
+def test_a_two_gpu_share_whose_assignment_names_one_gpu_refuses_the_start() -> None:
+    annotations = _bound_to_both(2) | _bound_to(A)
+    with pytest.raises(HookError, match="names fewer than the 2 shared GPUs this container asks"):
+        assigned(_container(A, B, annotations=annotations), INVENTORY)

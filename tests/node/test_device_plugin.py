@@ -81,6 +81,14 @@ def test_two_pods_of_one_size_on_two_gpus_each_get_their_own_whatever_the_order(
     assert node.kubelet.start_container("team", "first", "share") == [gpu_uuid(NODE, 0)]
 
 
+def test_a_two_gpu_share_gets_both_gpus_it_was_bound_with(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    pod = bound(api, extender, pod_object("tp", cores=30, memory_gib=4, gpus=2))
+    node.kubelet.admit(pod)
+    got = node.kubelet.start_container("team", "tp", "share")
+    assert sorted(got) == [gpu_uuid(NODE, 0), gpu_uuid(NODE, 1)]
+
+
 def test_whole_gpus_go_to_the_whole_pod_and_never_to_the_shared_one(
         api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
     shared = bound(api, extender, pod_object("shared", cores=10, memory_gib=1))
@@ -314,7 +322,7 @@ def test_a_node_with_overcommit_and_a_cap_publishes_both_and_placement_holds_the
         fifth = pod_object("e", cores=1, memory_gib=1)
         api.add_pod(fifth)
         answer = extender.verb("/bind", binding_args(fifth, "gpu-2"))
-        assert answer == {"Error": "node gpu-2: no GPU has 1% and 1 GiB free and room for one "
+        assert answer == {"Error": "node gpu-2: no GPU has 1 percent and 1 GiB free and room for one "
                           "more sharer (GPU 0 has 2 sharers, the most its node allows on one GPU, "
                           "the closest)"}
     finally:

@@ -88,6 +88,7 @@ class Report:
 
     created: int = 0
     started: int = 0
+    started_on_several_gpus: int = 0  # pods whose share spans two GPUs
     deleted: int = 0
     refused_at_start: list[str] = field(default_factory=list)
     wrong_gpu: list[str] = field(default_factory=list)
@@ -139,7 +140,9 @@ class Report:
                 for part, seconds in parts.items()}
 
     def summary(self) -> dict[str, Any]:
-        return {"created": self.created, "started": self.started, "deleted": self.deleted,
+        return {"created": self.created, "started": self.started,
+                "started_on_several_gpus": self.started_on_several_gpus,
+                "deleted": self.deleted,
                 "refused_at_start": len(self.refused_at_start),
                 "wrong_gpu": len(self.wrong_gpu),
                 "over_committed_gpus": len(self.over_committed),
@@ -252,8 +255,9 @@ class Simulation:
         else:
             cores = r.choice((10, 20, 25, 30, 50))
             memory = r.choice((1, 2, 4, 8, 10, 16, 20, 40))
+            several = self.s.gpus_per_node > 1 and r.random() < 0.1  # tensor-parallel pods
             pod = pod_object(name, cores=cores, memory_gib=memory,
-                             whole=1 if r.random() < 0.02 else 0)
+                             whole=1 if r.random() < 0.02 else 0, gpus=2 if several else 1)
         self.api.add_pod(pod)
         self._queue.append(pod)
 
@@ -410,6 +414,7 @@ class Simulation:
         with self._lock:
             self._running[metadata["uid"]] = _Running(stored, node, assignment)
             self.report.started += 1
+            self.report.started_on_several_gpus += len(assignment.shared_gpus()) > 1
 
     # --- checks -----------------------------------------------------------------------------
 
@@ -423,10 +428,11 @@ class Simulation:
                 for gpu in gpus(name, sizes)}
         for item in running:
             if item.assignment.shared:
-                uuid, cores, memory = item.assignment.shared
-                totals = use.setdefault(uuid, [0, 0])
-                totals[0] += cores
-                totals[1] += memory
+                _, cores, memory = item.assignment.shared
+                for uuid in item.assignment.shared_gpus():  # each holds all of the share
+                    totals = use.setdefault(uuid, [0, 0])
+                    totals[0] += cores
+                    totals[1] += memory
             for uuid in item.assignment.whole:
                 whole[uuid] = whole.get(uuid, 0) + 1
         for uuid, (cores, memory) in use.items():
@@ -506,7 +512,7 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 def _wanted(container: str, assignment: Assignment) -> list[str] | None:
     if container == "share":
-        return [assignment.shared[0]] if assignment.shared else []
+        return list(assignment.shared_gpus())
     if container == "whole":
         return list(assignment.whole)
     return None
