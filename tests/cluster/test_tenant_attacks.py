@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -36,8 +37,11 @@ def tenant(vcuda: Cluster) -> Iterator[Tenant]:
         vcuda.ok("create", "serviceaccount", "tenant", "-n", TENANT)
         vcuda.ok("create", "rolebinding", "tenant-edit", "-n", TENANT, "--clusterrole=edit",
                  f"--serviceaccount={TENANT}:tenant")
-        vcuda.ok("wait", "-n", TENANT, "serviceaccount/default", "--for=create",
-                 "--timeout=60s")
+        # Polled: kubectl wait --for=create is 1.31's, and the suite runs on 1.30 too.
+        deadline = time.monotonic() + 60
+        while vcuda.kubectl("get", "-n", TENANT, "serviceaccount/default").returncode != 0:
+            assert time.monotonic() < deadline, f"no default ServiceAccount in {TENANT}"
+            time.sleep(0.5)
         yield Tenant(vcuda)
     finally:
         vcuda.ok("delete", "namespace", TENANT, "--wait=true", timeout=300)
