@@ -293,7 +293,8 @@ def test_a_gpu_published_with_overcommit_takes_shares_up_to_its_cores() -> None:
         LEDGER_ANNOTATION: encode_ledger(ledger)})["metadata"]["annotations"], cores=120)
     node = node_gpus("n1", annotations, NOW, 120)
     assert place(node, Demand(60, GIB, 0)).assignment.shared[0] == gpu_uuid("n1", 0)
-    with pytest.raises(Unfit, match=r"no GPU has 61 percent and 1 GiB free \(GPU 0 has 60 percent and 15 GiB "):
+    with pytest.raises(Unfit, match=r"no GPU has 61 percent and 1 GiB free "
+                                    r"\(GPU 0 has 60 percent and 15 GiB "):
         place(node, Demand(61, GIB, 0))
 
 
@@ -301,7 +302,8 @@ def test_a_gpu_with_its_cap_of_sharers_takes_no_more_and_says_so() -> None:
     ledger = {uid: Entry(f"team/{uid}", int(NOW), shared_on(0, 10, 1)) for uid in ("a", "b")}
     annotations = _with_sharing(node_object("n1", [16 * GIB], annotations={
         LEDGER_ANNOTATION: encode_ledger(ledger)})["metadata"]["annotations"], sharers=2)
-    with pytest.raises(Unfit, match=r"^no GPU has 10 percent and 1 GiB free and room for one more sharer "
+    with pytest.raises(Unfit, match=r"^no GPU has 10 percent and 1 GiB free and room for one "
+                                    r"more sharer "
                                     r"\(GPU 0 has 2 sharers, the most its node allows on one GPU, "
                                     r"the closest\)$"):
         place(node_gpus("n1", annotations, NOW, 120), Demand(10, GIB, 0))
@@ -348,7 +350,8 @@ def test_a_two_gpu_share_where_only_one_gpu_fits_is_unfit_saying_how_many_fit() 
     node = view([16 * GIB, 16 * GIB], {"a": shared_on(1, 80, 2)})
     with pytest.raises(Unfit) as caught:
         place(node, Demand(30, 10 * GIB, 0, 2))
-    assert caught.value.reason == ("2 GPUs with 30 percent and 10 GiB free each wanted, 1 of 2 has it "
+    assert caught.value.reason == ("2 GPUs with 30 percent and 10 GiB free each wanted, "
+                                   "1 of 2 has it "
                                    "(GPU 1 has 20 percent and 14 GiB free, the closest)")
     assert "\n" not in caught.value.reason and not caught.value.final
 

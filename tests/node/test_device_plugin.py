@@ -322,9 +322,9 @@ def test_a_node_with_overcommit_and_a_cap_publishes_both_and_placement_holds_the
         fifth = pod_object("e", cores=1, memory_gib=1)
         api.add_pod(fifth)
         answer = extender.verb("/bind", binding_args(fifth, "gpu-2"))
-        assert answer == {"Error": "node gpu-2: no GPU has 1 percent and 1 GiB free and room for one "
-                          "more sharer (GPU 0 has 2 sharers, the most its node allows on one GPU, "
-                          "the closest)"}
+        assert answer == {"Error": "node gpu-2: no GPU has 1 percent and 1 GiB free and room "
+                          "for one more sharer (GPU 0 has 2 sharers, the most its node "
+                          "allows on one GPU, the closest)"}
     finally:
         extender.stop()
         node.stop()
