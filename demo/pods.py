@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime_hook.contract import LIMITS_ANNOTATION, render_limits_annotation
+from runtime_hook.contract import LIMITS_ANNOTATION
 
 NAMESPACE = "demo"
 GIB = 1 << 30
@@ -76,8 +77,8 @@ SAMPLES = (
         about="10% / 1 GiB, forges a 99% / 80 GiB annotation",
         pod=_pod("forged-limits", "app",
                  {"docker.com/vcuda-core": "10", "docker.com/vcuda-memory": "4"},
-                 {LIMITS_ANNOTATION: render_limits_annotation(
-                     {"app": {"cores": 99, "memory": 80 * GIB}})}),
+                 # The tenant's own text: the demo's check must run on a bare Python.
+                 {LIMITS_ANNOTATION: json.dumps({"app": {"cores": 99, "memory": 80 * GIB}})}),
         allowed=True,
         limits={"app": {"cores": 10, "memory": GIB}},
         runtime_class="vcuda",

@@ -153,5 +153,5 @@ def inventory_note(gpus: list[Gpu]) -> str:
 
 def _micro_time(seconds: float) -> str:
     """``seconds`` since the epoch as a Kubernetes MicroTime."""
-    moment = datetime.fromtimestamp(seconds, timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    moment = datetime.fromtimestamp(seconds, timezone.utc).replace(tzinfo=None)
+    return moment.isoformat(timespec="microseconds") + "Z"
