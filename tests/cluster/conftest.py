@@ -23,10 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = REPO / "scripts" / "cluster"
 _HERE = Path(__file__).resolve().parent
 # The fixture of each mode, in the order the modes are brought up; other tests take the
-# device-plugin path's cluster (or any cluster that is up).
-_MODE_FIXTURES = {"vcuda": "device-plugin", "placement": "placement",
+# device-plugin path's cluster (or any cluster that is up). Tests that start clusters of
+# their own ("own") run first, before the suite's first cluster.
+_MODE_FIXTURES = {"no_cluster": "own", "vcuda": "device-plugin", "placement": "placement",
                   "self_managed": "placement/self-managed"}
-_ORDER = ("device-plugin", "placement", "placement/self-managed")
+_ORDER = ("own", "device-plugin", "placement", "placement/self-managed")
 
 
 def _missing() -> str | None:
@@ -66,7 +67,7 @@ class Clusters:
             self.handle = Cluster(kubeconfig, kubeconfig.parent / "bin" / "kubectl")
             self.mode = _installed_mode(self.handle)
             self.handle = Cluster(kubeconfig, self.handle.kubectl_path, self.mode is not None)
-        self._given = bool(given)
+        self.given = bool(given)
 
     def any(self) -> Cluster:
         """Whichever cluster is up, else the device-plugin path's (a bare one without
@@ -79,7 +80,7 @@ class Clusters:
         """The cluster with vcuda installed in ``mode`` (None: none)."""
         if self.handle is not None and self.mode == mode:
             return self.handle
-        if self._given:
+        if self.given:
             pytest.skip(f"the cluster of VCUDA_CLUSTER_KUBECONFIG has vcuda in mode "
                         f"{self.mode}, these tests need {mode}")
         reason = _missing()
@@ -104,7 +105,7 @@ class Clusters:
 
     def down(self) -> None:
         """Take down the cluster these tests started, if any."""
-        if self.handle is not None and not self._given:
+        if self.handle is not None and not self.given:
             subprocess.run([str(_SCRIPT), "down"], timeout=300, check=False)
             self.handle = None
 
@@ -132,6 +133,18 @@ def clusters() -> Iterator[Clusters]:
         yield held
     finally:
         held.down()
+
+
+@pytest.fixture
+def no_cluster(clusters: Clusters) -> None:
+    """This machine without the suite's cluster, for a test that starts clusters itself."""
+    if clusters.given:
+        pytest.skip("VCUDA_CLUSTER_KUBECONFIG names a cluster that is up: one cluster per "
+                    "machine")
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    clusters.down()
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,23 @@
 """``scripts/cluster``'s refusals, which need no cluster: a mode it cannot install, and a
-restart of a component that is not running."""
+restart of a component that is not running; and an ``up`` after a cluster that was killed
+without ``down``, with two clusters of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.cluster.vcuda import REPO
 
 
 def _cluster(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(REPO / "scripts" / "cluster"), *args], capture_output=True,
-                          text=True, timeout=60, check=False,
+                          text=True, timeout=600, check=False,
                           env={**os.environ, "VCUDA_CLUSTER_DIR": str(state)})
 
 
@@ -30,3 +35,39 @@ def test_restart_of_a_component_that_is_not_running_says_so(tmp_path: Path) -> N
     assert refused.returncode == 1
     assert refused.stderr.strip() == (f"cluster: kubelet is not running here ({tmp_path}): "
                                       "scripts/cluster status")
+
+
+def _kill(state: Path) -> None:
+    """SIGKILL every process group the cluster of ``state`` started, as a machine's stop
+    does: nothing of ``down`` runs."""
+    for pid_file in (state / "pids").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.usefixtures("no_cluster")
+def test_up_after_a_killed_cluster_removes_what_it_left_and_refuses_while_one_runs(
+        tmp_path: Path) -> None:
+    killed, following = tmp_path / "a", tmp_path / "b"  # short: containerd's socket is in it
+    assert _cluster(killed, "up").returncode == 0
+    _kill(killed)
+    try:
+        started = _cluster(following, "up")
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert started.stdout.splitlines()[0] == (
+            f"cluster: the cluster of {killed} ended without scripts/cluster down (none of its "
+            "processes runs): removing what it left")
+        assert not (killed / "pids").exists()
+        assert started.stdout.splitlines()[-1] == str(following / "admin.kubeconfig")
+        assert _cluster(following, "status").stdout.startswith(f"cluster: up ({following})")
+        again = _cluster(following, "up")
+        assert (again.returncode, again.stderr.strip()) == (
+            1, f"cluster: a cluster is up from {following}: scripts/cluster down first")
+        other = _cluster(killed, "up")
+        assert (other.returncode, other.stderr.strip()) == (
+            1, f"cluster: a cluster is up from {following}: scripts/cluster down with "
+               f"VCUDA_CLUSTER_DIR={following} first")
+    finally:
+        _cluster(following, "down")
+        _cluster(killed, "down")
+    assert not Path("/sys/class/net/vcuda0").exists() and not Path("/run/vcuda-cluster").exists()
