@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -40,9 +42,21 @@ def test_restart_of_a_component_that_is_not_running_says_so(tmp_path: Path) -> N
 def _kill(state: Path) -> None:
     """SIGKILL every process group the cluster of ``state`` started, as a machine's stop
     does: nothing of ``down`` runs."""
-    for pid_file in (state / "pids").iterdir():
+    pids = [int(pid_file.read_text()) for pid_file in (state / "pids").iterdir()]
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, "the killed cluster's processes did not end"
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.usefixtures("no_cluster")
@@ -71,3 +85,16 @@ def test_up_after_a_killed_cluster_removes_what_it_left_and_refuses_while_one_ru
         _cluster(following, "down")
         _cluster(killed, "down")
     assert not Path("/sys/class/net/vcuda0").exists() and not Path("/run/vcuda-cluster").exists()
+
+
+@pytest.mark.usefixtures("no_cluster")
+def test_up_refuses_while_another_program_listens_on_etcds_port(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # etcd's may be in TIME_WAIT
+        taken.bind(("127.0.0.1", 2379))
+        taken.listen()
+        refused = _cluster(tmp_path, "up")
+    assert (refused.returncode, refused.stderr.strip()) == (
+        1, "cluster: something else listens on port 2379, which the apiserver and etcd need: "
+           "stop it first")
+    assert not Path("/sys/class/net/vcuda0").exists()
