@@ -89,6 +89,12 @@ def charged_per_launch(gpu: FakeGpu, launches: int) -> float:
     return account_gpu_ns(gpu.account)[fake_uuid(0)] / launches
 
 
+def assert_not_held_back(slow: int, launches: int) -> None:
+    """Paced, nearly every launch of a loop would wait for the bucket; unpaced, only those whose
+    thread a loaded host descheduled do (up to 78 in 7,500 were seen on a 2-core CI machine)."""
+    assert slow <= launches // 25, (slow, launches)
+
+
 def assert_charged_its_5_us_kernel(gpu: FakeGpu, launches: int) -> None:
     """A loop of 5 us kernels (HELD_LOAD's) was charged about its kernel's time a launch."""
     charged = charged_per_launch(gpu, launches)
@@ -354,9 +360,7 @@ def test_a_small_kernel_every_200_us_under_30_is_not_paced_at_all(
                       VCUDA_FAKE_SUBMIT_NS=str(submit_us * US))
     launches, slow = int(lines[-1][1]), int(lines[-1][2])
     assert launches == 1500 * 1000 // 200
-    # Paced, nearly every launch would wait for the bucket; a loaded machine
-    # deschedules a few.
-    assert slow <= launches // 100, slow
+    assert_not_held_back(slow, launches)
     # Charged its kernel's time: far from the 45-65 us of kernel, launch call
     # and way to the device, or the 200 us from one launch to the next. Its
     # timed launches hold their stream until the call returned, so their
@@ -487,16 +491,17 @@ def test_a_kernel_that_mostly_waits_out_a_neighbours_time_slice_is_charged_its_o
     # step on an H100, for 6 us decoding kernels). Here three records in four
     # span a 1 ms slice, so the kernel is not steady; it is still charged at
     # most 4x its estimate (its 5 us and about 4 us of its two events' moment
-    # on the double), not the slices: 0.75 ms a launch, 75% of the device,
-    # with which it waited for the bucket.
+    # on the double, more where a loaded host delays the events: 52 us was
+    # seen), not the slices: 0.75 ms a launch, 75% of the device, with which
+    # it waited for the bucket.
     limited(gpu, 30)
     lines = gpu.lines(*LOAD, "gaps", str(5 * US), "1000", "1500",
                       VCUDA_FAKE_SLICE_NS=str(1 * MS), VCUDA_FAKE_SLICE_PERCENT="75")
     launches, slow = int(lines[-1][1]), int(lines[-1][2])
     assert launches == 1500
-    assert slow <= launches // 100, slow
+    assert_not_held_back(slow, launches)
     charged = charged_per_launch(gpu, launches)
-    assert 5 * US <= charged <= 4 * 9 * US, charged
+    assert 5 * US <= charged <= 0.75 * MS / 10, charged
 
 
 @pytest.mark.parametrize("slice_ms", [2, 5])
@@ -543,7 +548,7 @@ def test_a_driver_that_cannot_hold_streams_gets_one_warning_and_launches_timed_u
     assert "(CUDA error 801)" in result.stderr
     launches, slow = map(int, result.stdout.split()[-2:])
     assert launches == 1500 * 1000 // 200
-    assert slow <= launches // 100, slow
+    assert_not_held_back(slow, launches)
     charged = charged_per_launch(gpu, launches)
     assert charged > 2 * 5 * US, charged
 
@@ -592,7 +597,7 @@ def test_a_memset_queued_before_each_launch_does_not_charge_the_idle_gap_before_
     lines = gpu.lines(*LOAD, "gapsmemset", str(5 * US), "200", "1500", str(2 * US))
     launches, slow = int(lines[-1][1]), int(lines[-1][2])
     assert launches == 1500 * 1000 // 200
-    assert slow <= launches // 100, slow
+    assert_not_held_back(slow, launches)
     # The kernel and the memset are 7 us of device time a launch. On a loaded
     # machine the loop falls behind and catches up with launches in a row,
     # which run together; the run that ends such a burst still times the gap
@@ -621,7 +626,7 @@ def test_a_kernel_whose_first_launch_ran_long_is_not_charged_that_long_again(
                      VCUDA_FAKE_FIRST_LAUNCH_NS=str(first_launch_ns))
     launches, slow = map(int, result.stdout.split()[-2:])
     assert launches >= 0.8 * 1500 * 1000 // 200, launches
-    assert slow <= launches // 100, slow
+    assert_not_held_back(slow, launches)
     assert pacing_tally(result.stderr)[4] == 0, result.stderr
     # Both kernels are trusted at about their own time.
     costs = [int(ns) for ns in re.findall(r"kernel [0-9a-f]{16} costs (\d+) ns", result.stderr)]
