@@ -151,9 +151,14 @@ def install(options: Options, log: logging.Logger) -> list[str]:
     stale = previous.minus(planned)
     runtime_changed |= _remove(root, stale, changed)
     planned.dirs = [d for d in previous.merged(planned).dirs if root.exists(d)]
-    planned.save(root, prefix)
-    if runtime != "none" and runtime_changed:
+    if runtime != "none" and (runtime_changed or previous.restart_pending):
+        # Recorded until done: a restart that fails is made by the next install, which would
+        # otherwise find nothing to change and leave the runtime without the handler.
+        planned.restart_pending = True
+        planned.save(root, prefix)
         _restart(root, runtime, options.restart, log)
+        planned.restart_pending = False
+    planned.save(root, prefix)
     event(log, logging.INFO, "installed", runtime=runtime, prefix=prefix, changed=changed,
           hook=tree_dir)
     return changed
@@ -167,12 +172,18 @@ def uninstall(options: Options, log: logging.Logger) -> list[str]:
         event(log, logging.INFO, "nothing_installed", prefix=options.prefix)
         return []
     removed: list[str] = []
-    runtime_changed = _remove(root, record, removed)
+    runtime_changed = _remove(root, record, removed) or record.restart_pending
+    if runtime_changed and record.runtime in _UNITS:
+        # The record, down to what is left to do, stays until the runtime restarted: an
+        # uninstall whose restart failed is finished by the next one (kubelet runs the
+        # DaemonSet's init container again), not taken for a node with nothing installed.
+        pending = _Record(record.runtime, dirs=record.dirs)
+        pending.restart_pending = True
+        pending.save(root, options.prefix)
+        _restart(root, record.runtime, options.restart, log)
     root.remove(f"{options.prefix}/{RECORD}")
     for directory in sorted(record.dirs, key=len, reverse=True):
         root.remove_empty_dir(directory)
-    if runtime_changed and record.runtime in _UNITS:
-        _restart(root, record.runtime, options.restart, log)
     event(log, logging.INFO, "uninstalled", prefix=options.prefix, removed=removed)
     return removed
 
@@ -202,7 +213,8 @@ def installed(host_root: str, prefix: str) -> Installed | None:
 
 
 class _Record:
-    """The paths an install wrote, by kind; saved as ``<prefix>/installed.json``."""
+    """The paths an install wrote, by kind, and whether the runtime still needs the restart
+    that makes it load or drop the handler; saved as ``<prefix>/installed.json``."""
 
     runtime_files: list[str]  # one list per kind of _KINDS
     edits: list[str]
@@ -213,6 +225,7 @@ class _Record:
 
     def __init__(self, runtime: str = "", **kinds: list[str]) -> None:
         self.runtime = runtime
+        self.restart_pending = False
         for kind in _KINDS:
             setattr(self, kind, list(kinds.get(kind, [])))
 
@@ -233,28 +246,32 @@ class _Record:
             return cls()
         try:
             body = json.loads(text)
-            return cls(body.get("runtime", ""), **{k: [str(p) for p in body[k]] for k in _KINDS})
+            record = cls(body.get("runtime", ""), **{k: [str(p) for p in body[k]] for k in _KINDS})
+            record.restart_pending = body.get("restart_pending") is True
+            return record
         except (ValueError, KeyError, TypeError) as exc:
             raise InstallError(f"{path} is damaged ({exc!r}): remove what vcuda installed by "
                                "hand, delete the file, then install again") from None
 
     def save(self, root: _Root, prefix: str) -> None:
-        body = {"version": 1, "runtime": self.runtime,
+        body = {"version": 1, "runtime": self.runtime, "restart_pending": self.restart_pending,
                 **{kind: sorted(set(getattr(self, kind))) for kind in _KINDS}}
         root.make_dirs(prefix)
         host_files.write_file(root.path(f"{prefix}/{RECORD}"),
                               (json.dumps(body, indent=2) + "\n").encode())
 
     def merged(self, other: _Record) -> _Record:
-        return _Record(other.runtime or self.runtime,
+        both = _Record(other.runtime or self.runtime,
                        **{k: [*getattr(self, k), *getattr(other, k)] for k in _KINDS})
+        both.restart_pending = self.restart_pending or other.restart_pending
+        return both
 
     def minus(self, other: _Record) -> _Record:
         return _Record(self.runtime, **{
             k: [p for p in getattr(self, k) if p not in getattr(other, k)] for k in _KINDS})
 
     def empty(self) -> bool:
-        return not any(getattr(self, kind) for kind in _KINDS)
+        return not self.restart_pending and not any(getattr(self, kind) for kind in _KINDS)
 
 
 class _Root:

@@ -149,6 +149,41 @@ def test_uninstall_leaves_the_node_as_it_was_before_install(node: Node, library:
     assert node.restarts() == ["restart containerd", "restart containerd"]
 
 
+def _failing_systemctl(node: Node) -> str:
+    """systemctl that records its call and fails; returns the working one, to put back."""
+    working = node.path("/usr/bin/systemctl").read_text()
+    node.write("/usr/bin/systemctl", working + "echo 'Failed to restart' >&2\nexit 1\n")
+    return working
+
+
+def test_an_install_whose_restart_failed_is_restarted_by_the_next_install(
+        node: Node, library: Path) -> None:
+    working = _failing_systemctl(node)
+    failed = _install(node, library)
+    assert failed.returncode != 0 and "cannot restart containerd" in failed.stderr
+    node.write("/usr/bin/systemctl", working)
+    assert _changed(_install(node, library)) == []  # the files are in place: only the restart
+    _ok(_install(node, library))
+    assert node.restarts() == ["restart containerd"] * 2  # the failed one, then one, not more
+
+
+def test_an_uninstall_whose_restart_failed_is_finished_by_the_next_uninstall(
+        node: Node, library: Path) -> None:
+    pristine = node.tree()
+    _ok(_install(node, library))
+    working = _failing_systemctl(node)
+    failed = node.run("uninstall")
+    assert failed.returncode != 0 and "cannot restart containerd" in failed.stderr
+    node.write("/usr/bin/systemctl", working)
+    events = _ok(node.run("uninstall"))
+    assert [e["event"] for e in events] == ["runtime_restarted", "uninstalled"]
+    assert node.restarts() == ["restart containerd"] * 3
+    assert [e["event"] for e in _ok(node.run("uninstall"))] == ["nothing_installed"]
+    after = node.tree()
+    assert {k: v for k, v in after.items() if k != "var/log/systemctl.calls"} == {
+        k: v for k, v in pristine.items() if k != "var/log/systemctl.calls"}
+
+
 def test_uninstall_of_a_node_without_an_install_does_nothing(node: Node) -> None:
     before = node.tree()
     events = _ok(node.run("uninstall"))
