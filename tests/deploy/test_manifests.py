@@ -589,8 +589,10 @@ def _uninstall() -> dict[str, Any]:
 
 
 def test_the_node_uninstall_runs_with_the_installs_privileges_and_mounts() -> None:
-    [install] = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]["initContainers"]
+    install_pod = find("DaemonSet", "vcuda-node")["spec"]["template"]["spec"]
+    [install] = install_pod["initContainers"]
     spec = _uninstall()["spec"]["template"]["spec"]
+    assert spec["hostPID"] is install_pod["hostPID"] is True  # restarts the runtime as install
     [uninstall] = spec["initContainers"]
     assert uninstall["command"] == ["vcuda-node", "uninstall", "--host-root", "/host"]
     assert _host_mounts(uninstall, _uninstall()) == _host_mounts(install)
