@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import re
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,11 @@ class Cluster:
                               input=stdin, capture_output=True, text=True, timeout=180,
                               check=False)
 
+    def api(self) -> Api:
+        """A connection of the admin's to the apiserver, for many requests in a row (one
+        kubectl a request is most of this machine's CPU)."""
+        return Api(json.loads(self.kubeconfig.read_text()))
+
     def ok(self, *args: str, stdin: str | None = None, timeout: float = 180) -> str:
         """kubectl ARGS that must succeed; its standard output."""
         result = self.kubectl(*args, stdin=stdin, timeout=timeout)
@@ -58,7 +67,37 @@ class Cluster:
                 return events
             time.sleep(1)
 
+    def webhook_reviews(self, pod: str) -> int:
+        """Reviews webhook pod ``pod`` answered, from its /metrics through the apiserver."""
+        text = self.ok("get", "--raw", f"/api/v1/namespaces/vcuda-system/pods/https:{pod}:8443"
+                       "/proxy/metrics")
+        return sum(int(float(n)) for n in
+                   re.findall(r"^vcuda_webhook_reviews_total\{[^}]*\} (\S+)$", text, re.M))
+
     def vcuda_image(self) -> str:
         """vcuda's image as installed (Debian: the fake driver's probe needs its C library)."""
         deployment = self.get("deployment", "vcuda-webhook", "-n", "vcuda-system")
         return deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
+class Api:
+    """Requests to the apiserver as the kubeconfig's user, on one kept-alive connection."""
+
+    def __init__(self, kubeconfig: dict) -> None:
+        cluster = kubeconfig["clusters"][0]["cluster"]
+        user = kubeconfig["users"][0]["user"]
+        context = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        context.load_cert_chain(user["client-certificate"], user["client-key"])
+        server = urlsplit(cluster["server"])
+        self._connection = http.client.HTTPSConnection(server.hostname or "", server.port,
+                                                       context=context, timeout=60)
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        """METHOD PATH with ``body`` as JSON: the status and the answer's JSON."""
+        self._connection.request(method, path, body=json.dumps(body) if body else None,
+                                 headers={"Content-Type": "application/json"})
+        answer = self._connection.getresponse()
+        return answer.status, json.loads(answer.read() or b"{}")
+
+    def close(self) -> None:
+        self._connection.close()
