@@ -14,6 +14,7 @@ two GPUs of different memory), and systemctl (no systemd runs this node).
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import os
@@ -48,6 +49,11 @@ PROBE = "/usr/bin/vcuda-test-probe"  # in GPU containers: cshim/tests/probe.c
 NVIDIA_RUNTIME = "/usr/local/bin/nvidia-container-runtime"
 _LIBRARY_DIR = "/usr/lib/x86_64-linux-gnu" if os.uname().machine == "x86_64" \
     else f"/usr/lib/{os.uname().machine}-linux-gnu"
+# The node's files (of its overlays' upper layers, tests/cluster's scripts/cluster) that an
+# install and an uninstall may change: all of /etc, /usr/local and /usr/sbin, and vcuda's own
+# directories of /run and /var/lib (the rest of those two is kubelet's and containerd's).
+NODE_FILES = ("etc", "usr/local", "usr/sbin", "run/vcuda", "var/lib/vcuda")
+BEFORE_INSTALL = "node-before-vcuda.json"  # in the cluster's state directory
 _FAKES = {"libcuda.so.1": f"{_LIBRARY_DIR}/libcuda.so.1",
           "libnvidia-ml.so.1": f"{_LIBRARY_DIR}/libnvidia-ml.so.1", "probe": PROBE}
 
@@ -121,6 +127,31 @@ def node_files(node_root: Path, containerd_pid: Path, socket: Path) -> None:
                          .replace("@PID_FILE@", str(containerd_pid))
                          .replace("@SOCKET@", str(socket)))
     systemctl.chmod(0o755)
+
+
+def node_snapshot(upper: Path) -> dict[str, str]:
+    """Each path of :data:`NODE_FILES` under the node's upper layers ``upper``, relative to
+    the node's root: a file's SHA-256, a link's target, ``directory``, or ``removed`` (an
+    overlay whiteout)."""
+    found: dict[str, str] = {}
+    for top in NODE_FILES:
+        base = upper / top
+        for path in [base, *sorted(base.rglob("*"))] if base.exists() else []:
+            name = str(path.relative_to(upper))
+            if path.is_symlink():
+                found[name] = "-> " + os.readlink(path)
+            elif path.is_dir():
+                found[name] = "directory"
+            elif path.is_file():
+                found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                found[name] = "removed"
+    return found
+
+
+def save_node_snapshot(state: Path) -> None:
+    """The node's files before vcuda is installed, for the uninstall's test to compare."""
+    (state / BEFORE_INSTALL).write_text(json.dumps(node_snapshot(state / "node"), indent=1))
 
 
 def containerd_default_runtime() -> str:
