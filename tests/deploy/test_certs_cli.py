@@ -202,15 +202,6 @@ def _manifest_rules() -> list[Any]:
     return rules_from_manifests(documents(MANIFESTS / "base" / "certs-rbac.yaml"), SA)
 
 
-def test_the_manifests_rbac_is_enough_for_ensure_and_a_full_rotation(
-        server: FakeApiServer, kubeconfig: Path) -> None:
-    server.rules = _manifest_rules()
-    assert _certs(kubeconfig, "ensure") == 0
-    assert _certs(kubeconfig, "rotate", "--renew-ca", "--max-wait", "1h") == 0
-    assert all(r.status < 400 for r in server.requests if r.path != SECRET or r.method != "GET"
-               or r.status != 404)
-
-
 @pytest.mark.parametrize(("verb", "resource", "command"), [
     ("create", "secrets", "ensure"),
     ("get", "secrets", "ensure"),
