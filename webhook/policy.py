@@ -348,7 +348,8 @@ def _mode(container: Container, limits: _Values, keys: tuple[str, str], who: str
         if container.security_context is not None:
             _check_unprivileged(container.security_context, who, core_key, problems)
         memory = _shared_memory(limits, keys, cores, who, config, problems)
-        gpus = _gpu_count(limits, config.gpus_keys[core_key], who, problems)
+        gpus = _gpu_count(limits, (config.gpus_keys[core_key], config.shared_resource), who,
+                          problems)
         if memory is None or gpus is None:
             return None
         entry = {"cores": cores, "memory": memory}
@@ -370,12 +371,16 @@ def _mode(container: Container, limits: _Values, keys: tuple[str, str], who: str
     return None
 
 
-def _gpu_count(limits: dict[str, Quantity], gpus_key: str, who: str,
+def _gpu_count(limits: dict[str, Quantity], keys: tuple[str, str], who: str,
                problems: list[str]) -> int | None:
-    """How many distinct GPUs a share is of: vcuda-gpus, 1 without it; None after a problem."""
-    if gpus_key not in limits:
+    """How many distinct GPUs a share is of: its vcuda-gpus; without it, the shared-GPU
+    resource vcuda writes from it; else 1. None after a problem. The webhook's own output thus
+    asks for what its input did: the API server reviews a pod again when a later webhook
+    changed it (reinvocationPolicy IfNeeded), and vcuda-gpus is gone by then."""
+    key = next((key for key in keys if key in limits), None)
+    if key is None:
         return 1
-    return whole_limit(limits, gpus_key, who, problems,
+    return whole_limit(limits, key, who, problems,
                        (1, MAX_SHARED_GPUS, " (distinct GPUs, each with the vcuda-core and "
                                             "vcuda-memory given)"))
 

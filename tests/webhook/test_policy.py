@@ -454,7 +454,13 @@ def test_a_create_without_a_pod_is_denied() -> None:
                                    "docker.com/vcuda-memory": "40"},
                   requests={"docker.com/vcuda-core": "30", "docker.com/vcuda-memory": "40"})),
     pod(container("train"), annotations={LIMITS_ANNOTATION: "{}"}),
-], ids=["shared", "annotated", "mixed", "requests", "forged"])
+    pod(container("tp", limits={"docker.com/vcuda-core": "30", "docker.com/vcuda-memory": "16",
+                                "docker.com/vcuda-gpus": "2"},
+                  requests={"docker.com/vcuda-core": "30", "docker.com/vcuda-memory": "16",
+                            "docker.com/vcuda-gpus": "2"})),
+    pod(container("tp", limits={"volcano.sh/vgpu-number": "3", "volcano.sh/vgpu-memory": "1024",
+                                "volcano.sh/vgpu-cores": "20"})),
+], ids=["shared", "annotated", "mixed", "requests", "forged", "several-gpus", "volcano"])
 def test_reviewing_the_webhooks_own_output_changes_nothing(original: dict[str, Any]) -> None:
     once = patched(original)
     again = create(once)
