@@ -194,11 +194,14 @@ class Placement:
             self._channel = None
 
     def _holder(self, resource: str, ids: set[str]) -> tuple[str, str, str] | None:
+        # kubelet lists each device of a container in an entry of its own (one per NUMA node
+        # where the plugin gives topology), so a container's devices are gathered first.
         for pod in self._pod_resources().pod_resources:
             for container in pod.containers:
-                for devices in container.devices:
-                    if devices.resource_name == resource and ids <= set(devices.device_ids):
-                        return pod.namespace, pod.name, container.name
+                held = {device for devices in container.devices
+                        if devices.resource_name == resource for device in devices.device_ids}
+                if ids <= held:
+                    return pod.namespace, pod.name, container.name
         return None
 
     def _held(self) -> set[str]:

@@ -258,8 +258,9 @@ class _Lister:
                 .append(item)
         return pr.ListPodResourcesResponse(pod_resources=[
             pr.PodResources(namespace=namespace, name=name, containers=[
+                # One entry a device, as kubelet lists a plugin's devices without topology.
                 pr.ContainerResources(name=container, devices=[
-                    pr.ContainerDevices(resource_name=h.resource, device_ids=h.ids)
-                    for h in items])
+                    pr.ContainerDevices(resource_name=h.resource, device_ids=[device])
+                    for h in items for device in h.ids])
                 for container, items in containers.items()])
             for (namespace, name), containers in pods.items()])
