@@ -150,3 +150,10 @@ def stays_pending(cluster: Cluster, name: str, seconds: float) -> bool:
     time.sleep(seconds)
     got = cluster.get("pod", name, "-n", "default")
     return got["status"].get("phase") == "Pending" and not got["spec"].get("nodeName")
+
+
+def assert_waits_for(cluster: Cluster, name: str, reason: str) -> None:
+    """Pod ``name`` got ``reason`` (the extender's, as its Events show it) and stays Pending."""
+    events = cluster.events(name, reason, timeout=60)
+    assert reason in events, events
+    assert stays_pending(cluster, name, 5)

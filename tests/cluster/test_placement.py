@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections import defaultdict
 
 from tests.cluster import placement as p
@@ -15,7 +16,8 @@ from tests.cluster.vcuda import NAMESPACE, REPO
 
 BIG = p.share(20, 10)  # only the 16 GiB GPU holds it
 SMALL = p.share(10, 2)  # either GPU holds it
-BURST = 40
+BURST = 100
+BURST_FITS = 64 + 32  # 256 MiB shares on the 16 and 8 GiB GPUs
 
 
 def _uuids(cluster: Cluster) -> tuple[str, str]:
@@ -86,9 +88,7 @@ def test_a_whole_gpu_pod_gets_an_unused_gpu_that_no_share_joins_until_it_ends(
         # as the event shows it: the reason holds no '%' (printf verbs in kube-scheduler's)
         reason = ("no GPU has 10 percent and 7 GiB free (GPU 0 has 80 percent and 6 GiB free, "
                   "the closest)")
-        events = placement.events("waits", reason, timeout=60)
-        assert reason in events, events
-        assert p.stays_pending(placement, "waits", 5)
+        p.assert_waits_for(placement, "waits", reason)
         p.delete(placement, "whole")
         p.wait_running(placement, "waits")
         assert p.assignment(placement, "waits").shared == (small, 10, 7 << 30)
@@ -96,6 +96,58 @@ def test_a_whole_gpu_pod_gets_an_unused_gpu_that_no_share_joins_until_it_ends(
         assert large != small
     finally:
         p.delete(placement, "big", "whole", "waits")
+
+
+def test_a_share_of_two_gpus_takes_both_and_one_that_only_one_gpu_holds_waits_for_room(
+        placement: Cluster) -> None:
+    """``docker.com/vcuda-gpus: 2`` is the same share on two distinct GPUs: the extender
+    records both at bind, the device plugin hands out both, and the container sees its
+    memory limit on each. A second pair that only the large GPU has room for stays Pending
+    with the extender's reason until the first is gone."""
+    large, small = _uuids(placement)
+    image = placement.vcuda_image()
+    pair = {**p.share(30, 4), "docker.com/vcuda-gpus": "2"}
+    p.create(placement, p.pod("pair", image, pair))
+    try:
+        p.wait_running(placement, "pair")
+        assigned = p.assignment(placement, "pair")
+        assert sorted(assigned.shared_gpus()) == sorted((large, small))
+        assert assigned.shared[1:] == (30, 4 << 30) and assigned.whole == ()
+        uid = placement.get("pod", "pair", "-n", "default")["metadata"]["uid"]
+        assert p.ledger(placement)[uid].assignment == assigned
+        assert p.spec_gpus(placement, "pair") == sorted((large, small))
+        assert p.cuda_total(placement, "pair") == 4 << 30  # device 0's limit, not its size
+        p.create(placement, p.pod("pair-big", image,
+                                  {**p.share(20, 6), "docker.com/vcuda-gpus": "2"}))
+        reason = ("2 GPUs with 20 percent and 6 GiB free each wanted, 1 of 2 has it (GPU 1 "
+                  "has 70 percent and 4 GiB free, the closest)")
+        p.assert_waits_for(placement, "pair-big", reason)
+        p.delete(placement, "pair")
+        p.wait_running(placement, "pair-big")
+        assert sorted(p.assignment(placement, "pair-big").shared_gpus()) == sorted(
+            (large, small))
+    finally:
+        p.delete(placement, "pair", "pair-big")
+
+
+def _phases(cluster: Cluster, names: list[str]) -> dict[str, set[str]]:
+    """The pods of ``names`` by phase."""
+    wanted = set(names)
+    by_phase: dict[str, set[str]] = defaultdict(set)
+    for pod in cluster.get("pods", "-n", "default")["items"]:
+        if pod["metadata"]["name"] in wanted:
+            by_phase[pod["status"].get("phase", "Pending")].add(pod["metadata"]["name"])
+    return by_phase
+
+
+def _wait_phases(cluster: Cluster, names: list[str], running: int,
+                 timeout: float) -> set[str]:
+    """Until ``running`` of the pods ``names`` run; their names."""
+    deadline = time.monotonic() + timeout
+    while len(now := _phases(cluster, names)["Running"]) < running:
+        assert time.monotonic() < deadline, f"{len(now)} of {running} pods run"
+        time.sleep(2)
+    return now
 
 
 def _restart(component: str) -> None:
@@ -165,23 +217,25 @@ def test_the_node_agent_restarted_keeps_running_containers_and_places_new_pods(
 
 def test_the_extender_restarted_during_a_burst_places_every_pod_within_its_gpus(
         placement: Cluster) -> None:
-    """A burst of small shares while each extender is restarted: every pod runs, on the GPU
-    the ledger gives it, no GPU holds more than it has, and no container is refused."""
+    """A burst of 100 of the smallest shares (1 percent, 256 MiB) while each extender is
+    restarted: the GPUs hold 64 + 32 of them, so exactly 96 run, each on the GPU the ledger
+    gives it, and 4 stay Pending; no GPU holds more than it has, no container is refused."""
     image = placement.vcuda_image()
     names = [f"burst-{n}" for n in range(BURST)]
     schedulers = placement.ok("get", "pods", "-n", NAMESPACE, "-l",
                               "app.kubernetes.io/name=vcuda-scheduler", "-o",
                               "jsonpath={.items[*].metadata.name}").split()
-    # 40 half-GiB shares: 32 fill the 16 GiB GPU (binpack), 8 go to the other
-    p.create(placement, *(p.pod(name, image, p.share(2, 0.5)) for name in names))
+    p.create(placement, *(p.pod(name, image, p.share(1, 0.25)) for name in names))
     try:
         for scheduler in schedulers:  # SIGTERM to the extender: its container starts again
             placement.ok("exec", "-n", NAMESPACE, scheduler, "-c", "extender", "--", "sh", "-c",
                          "kill 1")
-        p.wait_running(placement, *names, timeout=600)
+        running = _wait_phases(placement, names, running=BURST_FITS, timeout=900)
+        assert p.stays_pending(placement, next(n for n in names if n not in running), 5)
+        assert len(_phases(placement, names)["Pending"]) == BURST - BURST_FITS
         entries = p.ledger(placement)
         uids = {placement.get("pod", name, "-n", "default")["metadata"]["uid"]: name
-                for name in names}
+                for name in running}
         assert {uid for uid in entries if uid in uids} == set(uids)
         used: dict[str, int] = defaultdict(int)
         for entry in entries.values():
