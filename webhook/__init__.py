@@ -8,7 +8,8 @@ Pure parts, tested by calling them:
 - ``patch``: JSON Patch operations built one by one;
 - ``policy``: ``decide(pod, operation, old_pod, config) -> Decision``;
 - ``review``: the AdmissionReview wire format;
-- ``admission``: ``admit(body, config) -> Answer``, body to answer.
+- ``admission``: ``admit(body, config) -> Answer``, body to answer;
+- ``remembered``: the decisions on pods of one template, made once.
 
 Parts with I/O: ``tls`` (the checked, reloaded serving certificate), ``pki``
 (a small ECDSA CA, shared with ``certs``), ``logs`` (structlog JSON lines),

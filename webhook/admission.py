@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from webhook.config import Config
+from webhook.pod import Pod
 from webhook.policy import Decision, decide
 from webhook.review import BadReview, ReviewRequest, parse_review, render_response
 
@@ -34,8 +37,12 @@ class Answer(msgspec.Struct, frozen=True):
     request: ReviewRequest | None = None
 
 
-def admit(body: bytes, config: Config) -> Answer:
-    """Answer one AdmissionReview body."""
+Decide = Callable[[Pod | None, str, Pod | None, Config], Decision]
+
+
+def admit(body: bytes, config: Config, decide_pod: Decide = decide) -> Answer:
+    """Answer one AdmissionReview body, its pod judged by ``decide_pod`` (the policy's
+    ``decide``, or the same remembered: ``webhook.remembered``)."""
     try:
         request = parse_review(body)
     except BadReview as exc:
@@ -46,7 +53,7 @@ def admit(body: bytes, config: Config) -> Answer:
     elif request.malformed:
         decision = Decision.deny(f"the pod is malformed: {request.malformed}")
     else:
-        decision = decide(request.pod, request.operation, request.old_pod, config)
+        decision = decide_pod(request.pod, request.operation, request.old_pod, config)
     if not decision.allowed:
         outcome, reason = "denied", decision.message
     elif decision.patch:

@@ -28,6 +28,7 @@ from webhook.largest_gpu import LargestGpu
 from webhook.logs import info_writer, make_logger
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.pki import write_self_signed
+from webhook.remembered import RememberedDecisions
 from webhook.review import MAX_BODY, body_too_large
 from webhook.serving import (
     DEFAULT_GUARDS,
@@ -49,6 +50,7 @@ class _Handlers:
                  reload_interval: float, guards: Guards) -> None:
         self._configured = config
         self.config = config  # what reviews are judged by: config, bounded by the Nodes
+        self._decisions = RememberedDecisions()
         self._certificates = certificates
         self._log = log
         self._info = info_writer(log)
@@ -62,8 +64,10 @@ class _Handlers:
 
     def use_max_gpu_memory(self, largest: int | None) -> None:
         """Bound vcuda-memory by ``largest`` bytes from now on (None: the configured bound)."""
-        self.config = self._configured if largest is None else \
+        config = self._configured if largest is None else \
             replace(self._configured, max_gpu_memory=largest)
+        if config != self.config:  # a new config forgets the decisions made under the old
+            self.config = config
 
     async def dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         handler = self._routes.get((request.method, request.path))
@@ -79,7 +83,8 @@ class _Handlers:
     async def mutate(self, request: web.BaseRequest) -> web.Response:
         started = perf_counter()
         try:
-            answer = admit(await self.serving.read_body(request), self.config)
+            answer = admit(await self.serving.read_body(request), self.config,
+                           self._decisions.decide)
         except BodyRefused as exc:
             answer = refuse(body_too_large(request.content_length) if exc.status == 413
                             else exc.message, 400 if exc.status == 413 else exc.status)
