@@ -3,8 +3,10 @@ the nodes; the API's copy after a conflict), write the ledger only if no one els
 meanwhile, then bind the pod with its assignment in one write.
 
 Each write is conditional on the resourceVersion it was computed from, so two extenders (or
-two binds of one) never give out the same room; a conflict means "read again and redo", and no
-lock is held between the steps. If the Binding fails, the ledger line is taken back.
+two binds of one) never give out the same room; a conflict means "read again and redo". Binds
+of this process to one node take turns on its ledger (``extender.turns``), so they meet no
+conflict among themselves; no turn is held across the Binding. If the Binding fails, the
+ledger line is taken back.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from extender.policy import (
     pod_demand,
     wrote_ledger,
 )
+from extender.turns import NodeTurns
 from extender.wire import BindingArgs
 from runtime_hook.contract import ASSIGNMENT_ANNOTATION, LEDGER_ANNOTATION
 from runtime_hook.placement import (
@@ -57,6 +60,7 @@ class Binder:
         self._strategy = strategy
         self._max_age = max_age
         self._clock = clock
+        self.turns = NodeTurns()
 
     async def bind(self, args: BindingArgs, sent: dict | None = None,
                    expected: Assignment | None = None) -> Assignment:
@@ -85,11 +89,13 @@ class Binder:
             await self._bind(args, metadata.get("resourceVersion"), None, pod_path)
             return Assignment(None, ())
         who = f"{args.pod_namespace}/{args.pod_name}"
-        assignment = await self._reserve(args.node, args.pod_uid, who, demand, expected)
+        async with self.turns.of(args.node):
+            assignment = await self._reserve(args.node, args.pod_uid, who, demand, expected)
         try:
             await self._bind(args, metadata.get("resourceVersion"), assignment, pod_path)
         except BindError:
-            await self._release(args.node, args.pod_uid)
+            async with self.turns.of(args.node):
+                await self._release(args.node, args.pod_uid)
             raise
         return assignment
 

@@ -5,10 +5,12 @@ for not being vcuda nodes."""
 from __future__ import annotations
 
 import http.client
+import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime_hook.contract import VERSION
+from runtime_hook.contract import LEDGER_ANNOTATION, VERSION
+from runtime_hook.placement import decode_ledger
 from tests.extender.cluster import (
     GIB,
     NOW,
@@ -109,6 +111,23 @@ def test_bind_conflicts_redone_are_counted_by_the_write_that_met_them(
     assert found[("vcuda_extender_bind_conflicts_total", (("write", "ledger"),))] == 1
     assert found[("vcuda_extender_bind_conflicts_total", (("write", "binding"),))] == 1
     assert calls(found, "bind", "ok") == 1
+
+
+def test_binds_to_one_node_at_once_take_turns_and_meet_no_conflict(
+        extender: RunningExtender, api: FakeClusterApi) -> None:
+    api.put("/api/v1/nodes/n", node_object("n", [16 * GIB, 16 * GIB]))
+    pods = [pod_object(f"p{index}", 10, 1) for index in range(8)]
+    for pod in pods:
+        api.add_pod(pod)
+    extender.sync(api)
+    answers = [extender.sent("/bind", binding_args(pod, "n")) for pod in pods]
+    assert [json.loads(answer()) for answer in answers] == [{}] * len(pods)
+    ledger = decode_ledger(api.get("/api/v1/nodes/n")["metadata"]["annotations"][
+        LEDGER_ANNOTATION])
+    assert set(ledger) == {pod["metadata"]["uid"] for pod in pods}
+    found = scrape(extender)
+    assert found[("vcuda_extender_bind_conflicts_total", (("write", "ledger"),))] == 0
+    assert calls(found, "bind", "ok") == len(pods)
 
 
 def test_the_release_is_a_build_info_gauge_at_one(extender: RunningExtender) -> None:
