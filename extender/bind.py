@@ -60,7 +60,7 @@ class Binder:
         self._strategy = strategy
         self._max_age = max_age
         self._clock = clock
-        self.turns = NodeTurns()
+        self._turns = NodeTurns()
 
     async def bind(self, args: BindingArgs, sent: dict | None = None,
                    expected: Assignment | None = None) -> Assignment:
@@ -89,12 +89,12 @@ class Binder:
             await self._bind(args, metadata.get("resourceVersion"), None, pod_path)
             return Assignment(None, ())
         who = f"{args.pod_namespace}/{args.pod_name}"
-        async with self.turns.of(args.node):
+        async with self._turns.of(args.node):
             assignment = await self._reserve(args.node, args.pod_uid, who, demand, expected)
         try:
             await self._bind(args, metadata.get("resourceVersion"), assignment, pod_path)
         except BindError:
-            async with self.turns.of(args.node):
+            async with self._turns.of(args.node):
                 await self._release(args.node, args.pod_uid)
             raise
         return assignment
