@@ -11,6 +11,7 @@ replica, or the node agent pruning.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,20 +20,21 @@ class NodeTurns:
     """One lock per node while some bind waits for it or holds it; none kept for idle nodes."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._users: Counter[str] = Counter()  # binds holding or waiting for each node's lock
 
     @asynccontextmanager
     async def of(self, node: str) -> AsyncIterator[None]:
         """Hold ``node``'s turn for the body of the ``async with``."""
-        lock, users = self._locks.setdefault(node, (asyncio.Lock(), [0]))
-        users[0] += 1
+        lock = self._locks.setdefault(node, asyncio.Lock())
+        self._users[node] += 1
         try:
             async with lock:
                 yield
         finally:
-            users[0] -= 1
-            if not users[0]:
-                del self._locks[node]
+            self._users[node] -= 1
+            if not self._users[node]:
+                del self._users[node], self._locks[node]
 
     def __len__(self) -> int:
         return len(self._locks)
