@@ -48,11 +48,16 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
     short = too_few_gpus(request, devices.for_ledger)
     if short:
         raise HookError(short, _FIX_GPU_COUNT)
+    virtual = flags.sharing.virtual_memory(request.memory) if request.virtual else 0
+    if request.virtual and not virtual:
+        log.info("the pod asks for virtual memory, but this node does not scale memory "
+                 "(--memory-scaling 1): all of its limit is device memory")
     limits = Limits(
         memory=request.memory,
         cores=request.cores,
         devices=devices.for_limits,
         account=ACCOUNT_PATH,
+        virtual_memory=virtual,
     )
     if not os.path.isfile(flags.library):
         raise HookError(
@@ -99,7 +104,8 @@ def apply(container: Container, request: Request, flags: Flags, log: HookLog) ->
         raise
     log.info(
         f"applied cores={request.cores} memory={request.memory} gpus={request.gpus} "
-        f"devices={','.join(devices.for_ledger) or '-'}"
+        + (f"of which in host memory at most {virtual} " if virtual else "")
+        + f"devices={','.join(devices.for_ledger) or '-'}"
     )
 
 

@@ -182,6 +182,14 @@ class Sharing(Record):
         """Bytes a GPU of ``total`` bytes gives out to shared containers."""
         return int(total * self.memory_scaling)
 
+    def virtual_memory(self, memory: int) -> int:
+        """Of a limit of ``memory`` bytes, those that may live in host memory when the
+        container asks for virtual memory: all but ``memory`` divided by the scaling, which
+        the GPUs' shares of device memory add up to at most."""
+        if self.memory_scaling <= 1:
+            return 0
+        return memory - max(1, int(memory / self.memory_scaling))
+
     def cores(self) -> int:
         """Percent of one GPU's time that its shares may add up to."""
         return round(CORES_PER_GPU * self.cores_scaling)
@@ -278,6 +286,8 @@ LEDGER_ANNOTATION = f"{ANNOTATION_DOMAIN}/gpu-ledger"  # Node: what each GPU has
 ASSIGNMENT_ANNOTATION = f"{ANNOTATION_DOMAIN}/assigned-gpus"  # Pod: its GPUs, set at bind
 # Node: the most memory one share may have there (bytes of its largest GPU times the scaling).
 MAX_GPU_MEMORY_ANNOTATION = f"{ANNOTATION_DOMAIN}/max-gpu-memory"
+# Pod: "true" asks for virtual device memory where the node scales memory (docs/LIBVCUDA.md).
+VIRTUAL_MEMORY_ANNOTATION = f"{ANNOTATION_DOMAIN}/virtual-memory"
 ENABLED_LABEL = f"{ANNOTATION_DOMAIN}/enabled"  # Node: "true" where vcuda's DaemonSet runs
 SHARED_RESOURCE = f"{ANNOTATION_DOMAIN}/shared-gpu"  # vcuda's device plugin: one a share
 WHOLE_RESOURCE = f"{ANNOTATION_DOMAIN}/gpu"  # vcuda's device plugin: one a whole GPU
@@ -347,6 +357,19 @@ def entry_gpus(table: Mapping, container: str) -> int:
     return _whole_number(entry, "gpus", container, 1, MAX_SHARED_GPUS)
 
 
+def entry_virtual(table: Mapping, container: str) -> bool:
+    """Whether ``container``'s entry asks for virtual device memory (``"virtual": true``).
+
+    Call after :func:`entry_limits` found the entry; raise ContractError when ``virtual`` is
+    not a boolean.
+    """
+    value = table[container].get("virtual", False)
+    if type(value) is not bool:
+        raise ContractError(f"annotation {LIMITS_ANNOTATION}: virtual of {container!r} is "
+                            f"{value!r}, expected true or false")
+    return value
+
+
 def _whole_number(entry: dict, key: str, container: str, low: int, high: int | None) -> int:
     value = entry.get(key)
     if type(value) is int and value >= low and (high is None or value <= high):  # not a bool
@@ -367,6 +390,7 @@ def _whole_number(entry: dict, key: str, container: str, low: int, high: int | N
 #     cores=30                    percent of each device's time, 1..100
 #     devices=GPU-5c3d...,GPU-... UUIDs the limits apply to (empty: all visible)
 #     account=/run/vcuda/account  shared account file of all processes
+#     virtual-memory=5368709120   of memory, bytes that may live in host memory (0 when absent)
 LIMITS_VERSION = 1
 LIMITS_PATH = "/etc/vcuda/limits"  # inside a container; it wins over the environment
 # A limited container's account, shared by its processes: the hook mounts the
@@ -387,25 +411,32 @@ class LimitsFormatError(ContractError):
 class Limits(Record):
     """What one container (or one `vcuda-run` command) may use on each device.
 
-    ``memory`` in bytes, ``cores`` in percent, ``devices`` GPU UUIDs, ``account`` a path.
+    ``memory`` in bytes, ``cores`` in percent, ``devices`` GPU UUIDs, ``account`` a path;
+    ``virtual_memory``: the bytes of ``memory`` that may live in host memory once the rest is
+    taken on the device (docs/LIBVCUDA.md, "Virtual device memory").
     """
 
-    _fields = ("memory", "cores", "devices", "account")
+    _fields = ("memory", "cores", "devices", "account", "virtual_memory")
     __slots__ = _fields
     memory: int
     cores: int
     devices: tuple[str, ...]
     account: str
+    virtual_memory: int
 
     def __init__(
-        self, memory: int, cores: int = 100, devices: tuple[str, ...] = (), account: str = ""
+        self, memory: int, cores: int = 100, devices: tuple[str, ...] = (), account: str = "",
+        virtual_memory: int = 0,
     ) -> None:
-        super().__init__(memory, cores, tuple(devices), account)
+        super().__init__(memory, cores, tuple(devices), account, virtual_memory)
         self._check()
 
     def _check(self) -> None:
         if self.memory <= 0:
             raise LimitsFormatError(f"memory must be a positive number of bytes, got {self.memory}")
+        if not 0 <= self.virtual_memory < self.memory:
+            raise LimitsFormatError(f"virtual-memory must be less than memory ({self.memory}), "
+                                    f"got {self.virtual_memory}")
         if not 1 <= self.cores <= CORES_PER_GPU:
             raise LimitsFormatError(f"cores must be 1..{CORES_PER_GPU}, got {self.cores}")
         for uuid in self.devices:
@@ -425,6 +456,8 @@ def render_limits(limits: Limits) -> str:
     ]
     if limits.account:
         lines.append(f"account={limits.account}")
+    if limits.virtual_memory:
+        lines.append(f"virtual-memory={limits.virtual_memory}")
     return "\n".join(lines) + "\n"
 
 
@@ -449,8 +482,12 @@ def parse_limits(text: str) -> Limits:
         raise LimitsFormatError(f"{exc.args[0]} is missing") from None
     except ValueError:
         raise LimitsFormatError("memory and cores must be whole numbers") from None
+    virtual = values.get("virtual-memory", "0")
+    if not virtual.isdigit() or not virtual.isascii():
+        raise LimitsFormatError("virtual-memory must be a whole number of bytes")
     devices = tuple(d for d in values.get("devices", "").split(",") if d)
-    return Limits(memory=memory, cores=cores, devices=devices, account=values.get("account", ""))
+    return Limits(memory=memory, cores=cores, devices=devices, account=values.get("account", ""),
+                  virtual_memory=int(virtual))
 
 
 # The GPU inventory, which the node agent writes (atomically: readers never see

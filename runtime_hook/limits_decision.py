@@ -17,6 +17,7 @@ from runtime_hook.contract import (
     Sharing,
     entry_gpus,
     entry_limits,
+    entry_virtual,
     limits_table,
 )
 from runtime_hook.hook_errors import HookError
@@ -35,15 +36,16 @@ _GIB = 1 << 30
 
 class Request(Record):
     """The limits one container asked for: its name, percent of GPU time and bytes of memory
-    on each GPU, and how many distinct GPUs it shares."""
+    on each GPU, how many distinct GPUs it shares, and whether it takes virtual memory."""
 
-    _fields = ("container", "cores", "memory", "gpus")
+    _fields = ("container", "cores", "memory", "gpus", "virtual")
     __slots__ = _fields
-    _defaults = (1,)
+    _defaults = (1, False)
     container: str
     cores: int
     memory: int
     gpus: int
+    virtual: bool
 
 
 def container_name(annotations: Mapping[str, str]) -> str:
@@ -85,10 +87,11 @@ def requested_limits(annotations: Mapping[str, str]) -> Request | None:
         if found is None:
             return None
         gpus = entry_gpus(table, name)
+        virtual = entry_virtual(table, name)
     except ContractError as exc:
         raise HookError(str(exc), _FIX_ANNOTATION) from None
     cores, memory = found
-    return Request(container=name, cores=cores, memory=memory, gpus=gpus)
+    return Request(container=name, cores=cores, memory=memory, gpus=gpus, virtual=virtual)
 
 
 def too_few_gpus(request: Request, devices: tuple[str, ...]) -> str | None:

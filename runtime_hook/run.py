@@ -180,14 +180,22 @@ def _loadable(path: Path, shown: str) -> Path:
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vcuda-run",
-        usage="vcuda-run --memory SIZE [--cores N] [--devices UUID,...] [--account FILE] "
-        "-- CMD ...",
+        usage="vcuda-run --memory SIZE [--virtual-memory SIZE] [--cores N] [--devices UUID,...] "
+        "[--account FILE] -- CMD ...",
         description=_DESCRIPTION,
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     version_flag(parser)
     parser.add_argument("--memory", required=True, metavar="SIZE", help="GPU memory for CMD")
+    parser.add_argument(
+        "--virtual-memory",
+        default="0",
+        metavar="SIZE",
+        help="of --memory, the part that may live in host memory once the rest is taken on "
+        "the GPU (cudaMalloc and the allocators built on it; slower, over the bus); less than "
+        "--memory; default 0: all of it on the GPU",
+    )
     parser.add_argument(
         "--cores",
         type=int,
@@ -227,6 +235,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]
             "no command given: write it after '--', e.g. vcuda-run --memory 4Gi -- nvidia-smi"
         )
     memory = parse_size(args.memory)
+    virtual = parse_size(args.virtual_memory) if args.virtual_memory.strip() != "0" else 0
     library = find_library(args.library)
     devices = parse_devices(args.devices)
     base = Path(tempfile.gettempdir())
@@ -234,7 +243,8 @@ def _prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str], Path]
     directory = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=base))
     try:
         account = args.account or str(directory / "account")
-        limits = Limits(memory=memory, cores=args.cores, devices=devices, account=account)
+        limits = Limits(memory=memory, cores=args.cores, devices=devices, account=account,
+                        virtual_memory=virtual)
         path = _write_limits(limits, directory)
         owner = f"{os.getpid()} {process_start_time(os.getpid())}\n"
         (directory / RUN_OWNER_FILE).write_text(owner)

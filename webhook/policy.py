@@ -15,6 +15,7 @@ from runtime_hook.contract import (
     SHARE_MAX,
     SHARE_MIN,
     SHARES,
+    VIRTUAL_MEMORY_ANNOTATION,
     pointer_token,
     render_limits_annotation,
 )
@@ -116,6 +117,7 @@ def _review_create(pod: Pod, config: Config) -> Decision:
                                   findings)
     if len(findings.vocabularies) > 1:
         findings.problems.append(_mixed_vocabularies(findings.vocabularies, config))
+    _ask_virtual_memory(pod.metadata, findings)
     if findings.problems:
         return Decision.deny("; ".join(findings.problems))
     _write_pod_fields(pod, config, findings)
@@ -494,6 +496,22 @@ def _write_limits(pod: Pod, config: Config, findings: _Findings) -> None:
     if runtime_class is not None and runtime_class != config.runtime_class:
         findings.warnings.append(f"runtimeClassName {runtime_class} was replaced by "
                                  f"{config.runtime_class}, which shared GPUs need")
+
+
+def _ask_virtual_memory(metadata: ObjectMeta, findings: _Findings) -> None:
+    """The pod's opt-in to virtual device memory, written into each share's entry: the node
+    decides how much of it may live in host memory (none where it does not scale memory)."""
+    value = _annotation(metadata, VIRTUAL_MEMORY_ANNOTATION)
+    if value is None or value == "false":
+        return
+    if value != "true":
+        findings.problems.append(
+            f'{VIRTUAL_MEMORY_ANNOTATION} is "{value[:64]}": write "true" to let the part of '
+            'each GPU share\'s memory past the node\'s scaled share live in host memory, or '
+            '"false"')
+        return
+    for entry in findings.limits.values():
+        entry["virtual"] = True
 
 
 def _annotation(metadata: ObjectMeta, key: str = LIMITS_ANNOTATION) -> str | None:

@@ -22,7 +22,17 @@ static struct vc_slot *own_slot(struct vc_region *r)
     return own;
 }
 
-bool vc_account_reserve(int dev, uint64_t bytes, uint64_t limit)
+/* Whether bytes more on dev keep both bounds of vc_account_reserve; r->lock held. */
+static bool fits(struct vc_region *r, int dev, int partner, uint64_t bytes, uint64_t own_limit,
+                 uint64_t limit)
+{
+    uint64_t own = vc_region_used(r, dev);
+    uint64_t together = own + (partner >= 0 ? vc_region_used(r, partner) : 0);
+    return bytes <= own_limit && own <= own_limit - bytes && bytes <= limit
+           && together <= limit - bytes;
+}
+
+bool vc_account_reserve(int dev, int partner, uint64_t bytes, uint64_t own_limit, uint64_t limit)
 {
     if (dev < 0)
         return bytes == 0;
@@ -31,17 +41,19 @@ bool vc_account_reserve(int dev, uint64_t bytes, uint64_t limit)
     if (!vc_region_lock(r, &r->lock, &cancel))
         return false;
     struct vc_slot *slot = own_slot(r);
-    uint64_t used = vc_region_used(r, dev);
-    if (slot && (bytes > limit || used > limit - bytes)) {
+    bool ok = slot && fits(r, dev, partner, bytes, own_limit, limit);
+    if (slot && !ok) {
         vc_region_reap(r);
-        used = vc_region_used(r, dev);
+        ok = fits(r, dev, partner, bytes, own_limit, limit);
     }
-    bool ok = slot && bytes <= limit && used <= limit - bytes;
     if (ok)
         slot->used[dev] += bytes;
     else
-        vc_log(VC_LOG_INFO, "refused %llu bytes on %s: %llu of %llu in use",
-               (unsigned long long)bytes, r->uuid[dev], (unsigned long long)used,
+        vc_log(VC_LOG_INFO, "refused %llu bytes on %s: %llu of %llu in use there, %llu of %llu "
+               "in all", (unsigned long long)bytes, r->uuid[dev],
+               (unsigned long long)vc_region_used(r, dev), (unsigned long long)own_limit,
+               (unsigned long long)(vc_region_used(r, dev)
+                                    + (partner >= 0 ? vc_region_used(r, partner) : 0)),
                (unsigned long long)limit);
     vc_region_unlock(&r->lock, cancel);
     return ok;

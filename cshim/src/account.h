@@ -8,9 +8,11 @@
 /* Device index -1 is a refused device: nothing is charged there, and only
  * nothing fits. */
 
-/* Adds bytes on device index dev if the container stays within limit (dead
- * processes are swept first when it would not). */
-bool vc_account_reserve(int dev, uint64_t bytes, uint64_t limit);
+/* Adds bytes to entry dev if the container then holds at most own_limit there
+ * and at most limit there and in entry partner together (-1: no partner; a
+ * device's entries of device and host memory share its limit). Dead
+ * processes are swept first when it would not fit. */
+bool vc_account_reserve(int dev, int partner, uint64_t bytes, uint64_t own_limit, uint64_t limit);
 
 /* Adds delta (negative: gives back) without a check. */
 void vc_account_add(int dev, int64_t delta);

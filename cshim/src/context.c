@@ -158,9 +158,7 @@ static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context
     }
     uint64_t measured = ok ? measured_bytes(op) : 0;
     uint64_t size = measured ? measured : op->charged;
-    int index = op->device->index;
-    if (ok && size > op->charged && !vc_account_reserve(index, size - op->charged,
-                                                        op->device->limit)) {
+    if (ok && size > op->charged && !vc_memory_reserve(op->device, size - op->charged)) {
         vc_log(VC_LOG_INFO, "a new context on %s takes %llu bytes, past the limit: out of memory",
                op->device->uuid, (unsigned long long)size);
         if (op->primary)
@@ -170,10 +168,10 @@ static CUresult end(struct vc_context_op *op, CUresult result, CUcontext context
         ok = false;
         result = CUDA_ERROR_OUT_OF_MEMORY;
     } else if (ok && size < op->charged) {
-        vc_account_add(index, -(int64_t)(op->charged - size));
+        vc_account_add(op->device->index, -(int64_t)(op->charged - size));
     }
     if (!ok)
-        vc_account_add(index, -(int64_t)op->charged);
+        vc_account_add(op->device->index, -(int64_t)op->charged);
     finish(op);
     pthread_mutex_lock(&vc_local_lock);
     if (ok && measured)

@@ -19,7 +19,8 @@ static unsigned ndevices;
 /* An ordinal's device once known. */
 static const struct vc_device *by_ordinal[CACHED_ORDINALS];
 /* Every device the limits do not cover: a tenant must not get one unlimited. */
-static const struct vc_device refused = {.index = -1, .limit = 0, .uuid = "(not listed)"};
+static const struct vc_device refused = {
+    .index = -1, .host_index = -1, .limit = 0, .device_limit = 0, .uuid = "(not listed)"};
 
 /* NVML's spelling of a UUID: prefix in capitals, hex digits in lower case. */
 static void canonical(const char *uuid, char *out, size_t len)
@@ -60,6 +61,18 @@ static int account_index(const char *uuid)
     return index;
 }
 
+/* The account's entry of the bytes of device uuid that live in host memory (virtual memory);
+ * -1, and every allocation then in device memory, if the device table is full. */
+static int host_index(const char *uuid)
+{
+    char name[VC_REGION_UUID_SIZE];
+    snprintf(name, sizeof name, "%s" VC_HOST_SUFFIX, uuid);
+    int index = account_index(name);
+    if (index < 0)
+        vc_log(VC_LOG_ERROR, "the account's device table is full: %s gets no host memory", uuid);
+    return index;
+}
+
 /* The device of these bytes (given: its UUID as the caller had it). */
 static const struct vc_device *by_bytes(const unsigned char bytes[16], const char *given)
 {
@@ -79,6 +92,8 @@ static const struct vc_device *by_bytes(const unsigned char bytes[16], const cha
             struct vc_device *d = &devices[ndevices++];
             d->index = index;
             d->limit = vc_limits()->memory;
+            d->device_limit = d->limit - vc_limits()->virtual_memory;
+            d->host_index = d->device_limit < d->limit ? host_index(name) : -1;
             memcpy(d->bytes, bytes, 16);
             snprintf(d->uuid, sizeof d->uuid, "%s", name);
             found = d;

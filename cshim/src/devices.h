@@ -10,7 +10,9 @@
 
 struct vc_device {
     int index;                /* in the shared account's device table; -1: refused */
-    uint64_t limit;           /* bytes */
+    int host_index;           /* the account's entry of bytes in host memory; -1: none */
+    uint64_t limit;           /* bytes, in device and host memory together */
+    uint64_t device_limit;    /* of limit, bytes in device memory */
     unsigned char bytes[16];  /* the UUID */
     char uuid[VC_UUID_LEN];   /* as NVML prints it */
 };

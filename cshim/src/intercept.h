@@ -191,6 +191,8 @@
         CUdevice device),                                                                           \
        (memoryRequirements, mipmap, device))                                                        \
     CU(cuCtxSetCurrent, (CUcontext ctx), (ctx))                                                     \
+    CU(cuMemAdvise, (CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device),      \
+       (devPtr, count, advice, device))                                                            \
     CU(cuMemGetAddressRange_v2, (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr),             \
        (pbase, psize, dptr))                                                                        \
     CU(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode), (mode))                     \

@@ -21,8 +21,9 @@ struct field {
     size_t len;
 };
 
-enum { F_VERSION, F_MEMORY, F_CORES, F_DEVICES, F_ACCOUNT, F_COUNT };
-static const char *const known[F_COUNT] = {"version", "memory", "cores", "devices", "account"};
+enum { F_VERSION, F_MEMORY, F_CORES, F_DEVICES, F_ACCOUNT, F_VIRTUAL, F_COUNT };
+static const char *const known[F_COUNT] = {"version", "memory",  "cores",
+                                           "devices", "account", "virtual-memory"};
 
 static bool blank(const char *s, size_t n)
 {
@@ -127,6 +128,12 @@ int vc_limits_parse(const char *text, size_t len, struct vc_limits *out, char *e
     if (cores < 1 || cores > 100)
         return fail(err, errlen, "cores must be 1..100, got %llu", (unsigned long long)cores);
     out->cores = (unsigned)cores;
+    if (fields[F_VIRTUAL].key
+        && !number(fields[F_VIRTUAL].value, fields[F_VIRTUAL].len, &out->virtual_memory))
+        return fail(err, errlen, "virtual-memory must be a whole number of bytes");
+    if (out->virtual_memory >= out->memory)
+        return fail(err, errlen, "virtual-memory must be less than memory (%llu), got %llu",
+                    (unsigned long long)out->memory, (unsigned long long)out->virtual_memory);
     if (fields[F_DEVICES].key
         && parse_devices(fields[F_DEVICES].value, fields[F_DEVICES].len, out, err, errlen) != 0)
         return -1;

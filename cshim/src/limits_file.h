@@ -13,6 +13,7 @@
 
 struct vc_limits {
     uint64_t memory;                            /* bytes per listed device */
+    uint64_t virtual_memory;                    /* of memory, bytes that may live in host memory */
     unsigned cores;                             /* percent of each device's time, 1..100 */
     unsigned ndevices;                          /* 0: every visible device */
     char devices[VC_MAX_DEVICES][VC_UUID_LEN];  /* UUIDs, as NVML prints them */

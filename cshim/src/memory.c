@@ -8,6 +8,7 @@
 #include "account.h"
 #include "driver.h"
 #include "graphs.h"
+#include "log.h"
 #include "nvml.h"
 #include "pools.h"
 #include "track.h"
@@ -30,12 +31,17 @@ static CUresult (*const destroy[])(uint64_t) = {
     [VC_KIND_IPC] = close_ipc,
 };
 
+bool vc_memory_reserve(const struct vc_device *d, uint64_t bytes)
+{
+    return vc_account_reserve(d->index, d->host_index, bytes, d->device_limit, d->limit);
+}
+
 CUresult vc_memory_charge(const struct vc_device *d, uint64_t bytes)
 {
-    if (vc_account_reserve(d->index, bytes, d->limit))
+    if (vc_memory_reserve(d, bytes))
         return CUDA_SUCCESS;
     vc_memory_refresh();
-    return vc_account_reserve(d->index, bytes, d->limit) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    return vc_memory_reserve(d, bytes) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 /* After the driver's call on an object charged estimate up front on d (NULL:
@@ -51,7 +57,7 @@ static CUresult settle(const struct vc_device *d, CUresult result, uint64_t esti
         vc_account_add(d->index, -(int64_t)estimate);
         return result;
     }
-    if (actual > estimate && !vc_account_reserve(d->index, actual - estimate, d->limit)) {
+    if (actual > estimate && !vc_memory_reserve(d, actual - estimate)) {
         destroy[kind](key);
         vc_account_add(d->index, -(int64_t)estimate);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -72,7 +78,7 @@ static CUresult release(enum vc_kind kind, uint64_t key)
     bool charged = vc_track_take(kind, key, &c);
     CUresult result = destroy[kind](key);
     if (charged && result == CUDA_SUCCESS)
-        vc_account_add(c.device->index, -(int64_t)c.bytes);
+        vc_account_add(vc_charge_entry(&c), -(int64_t)c.bytes);
     else if (charged)
         vc_track_add(kind, key, c);
     return result;
@@ -90,12 +96,52 @@ static CUresult charge(const struct vc_device *d, uint64_t estimate)
     return d ? vc_memory_charge(d, estimate) : CUDA_SUCCESS;
 }
 
+/* Managed memory kept in host memory, which device dev reads and writes over the bus
+ * where it lies: no page faults, and no device memory taken from the GPU's other users. */
+static CUresult alloc_in_host(CUdeviceptr *dptr, size_t bytes, CUdevice dev)
+{
+    CUresult r = vc_real_cuMemAllocManaged(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real_cuMemAdvise(*dptr, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_DEVICE_CPU);
+    if (r == CUDA_SUCCESS)
+        r = vc_real_cuMemAdvise(*dptr, bytes, CU_MEM_ADVISE_SET_ACCESSED_BY, dev);
+    if (r != CUDA_SUCCESS)
+        vc_real_cuMemFree_v2(*dptr);
+    return r;
+}
+
+/* Past a virtual limit's device part, an allocation of device memory is served from host
+ * memory (docs/LIBVCUDA.md, "Virtual device memory"), charged to d's host entry. */
+static CUresult alloc_virtual(const struct vc_device *d, CUdeviceptr *dptr, size_t bytes)
+{
+    CUdevice dev;
+    if (!vc_account_reserve(d->host_index, d->index, bytes, d->limit, d->limit))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = vc_real_cuCtxGetDevice(&dev);
+    if (r == CUDA_SUCCESS)
+        r = alloc_in_host(dptr, bytes, dev);
+    if (r != CUDA_SUCCESS) {
+        vc_account_add(d->host_index, -(int64_t)bytes);
+        vc_log(VC_LOG_WARN, "%zu bytes of virtual memory on %s: the driver refused managed "
+               "memory (error %d)", bytes, d->uuid, (int)r);
+        return r;
+    }
+    CUcontext context = NULL;
+    vc_real_cuCtxGetCurrent(&context);
+    vc_track_add(VC_KIND_POINTER, *dptr, (struct vc_charge){.device = d, .bytes = bytes,
+                                                            .context = context, .in_host = true});
+    vc_log(VC_LOG_DEBUG, "%zu bytes on %s in host memory: its device part is full", bytes,
+           d->uuid);
+    return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
     const struct vc_device *d = target(dptr && bytesize);
     CUresult r = charge(d, bytesize);
     if (r != CUDA_SUCCESS)
-        return r;
+        return d->host_index >= 0 ? alloc_virtual(d, dptr, bytesize) : r;
     r = vc_real_cuMemAlloc_v2(dptr, bytesize);
     return settle(d, r, bytesize, bytesize, VC_KIND_POINTER, d && r == CUDA_SUCCESS ? *dptr : 0);
 }
@@ -252,6 +298,14 @@ void vc_memory_refresh(void)
     vc_graphs_refresh();
 }
 
+/* What d reports as its total on a device of device_total bytes: its device part, never more
+ * than the device holds, and its part in host memory. */
+static uint64_t reported_total(const struct vc_device *d, uint64_t device_total)
+{
+    uint64_t device_part = d->device_limit < device_total ? d->device_limit : device_total;
+    return device_part + (d->limit - d->device_limit);
+}
+
 void vc_memory_report(const struct vc_device *d, uint64_t *total, uint64_t *free, uint64_t *used)
 {
     /* The device's figures from one source (NVML, where it answers), so that
@@ -262,10 +316,18 @@ void vc_memory_report(const struct vc_device *d, uint64_t *total, uint64_t *free
         *free = device.free;
     }
     vc_memory_refresh();
-    *used = vc_account_used(d->index);
-    uint64_t limit = d->limit < *total ? d->limit : *total;
+    uint64_t in_host = d->host_index >= 0 ? vc_account_used(d->host_index) : 0;
+    uint64_t in_device = vc_account_used(d->index);
+    *used = in_device + in_host;
+    /* A virtual limit may pass the device's size: its host part is not on the device. */
+    uint64_t host_part = d->limit - d->device_limit;
+    uint64_t limit = reported_total(d, *total);
+    uint64_t device_part = limit - host_part;
+    uint64_t device_left = device_part > in_device ? device_part - in_device : 0;
+    device_left = device_left < *free ? device_left : *free;
     uint64_t left = limit > *used ? limit - *used : 0;
-    *free = left < *free ? left : *free;
+    uint64_t reachable = device_left + (host_part > in_host ? host_part - in_host : 0);
+    *free = left < reachable ? left : reachable;
     *total = limit;
 }
 
@@ -286,7 +348,7 @@ CUresult CUDAAPI cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 {
     CUresult r = vc_real_cuDeviceTotalMem_v2(bytes, dev);
     const struct vc_device *d = r == CUDA_SUCCESS ? vc_device_of(dev) : NULL;
-    if (d && d->limit < *bytes)
-        *bytes = d->limit;
+    if (d)
+        *bytes = reported_total(d, *bytes);
     return r;
 }

@@ -2,6 +2,7 @@
 #ifndef VC_MEMORY_H
 #define VC_MEMORY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "api.h"
@@ -9,6 +10,10 @@
 
 /* n rounded up to a multiple of to: what an allocation of n takes at a granularity. */
 #define VC_ROUND_UP(n, to) (((n) + (to) - 1) / (to) * (to))
+
+/* Adds bytes of device memory to d's account when they fit (under its device part and
+ * under its limit with what d holds in host memory). */
+bool vc_memory_reserve(const struct vc_device *d, uint64_t bytes);
 
 /* Charges bytes on d, first crediting what this process's pools and graphs gave back.
  * CUDA_ERROR_OUT_OF_MEMORY when the container's account has no room. */

@@ -17,6 +17,8 @@
 #define VC_REGION_SLOTS 1024
 #define VC_REGION_UUID_SIZE 96
 #define VC_REGION_HEADER_SIZE 4096
+/* The device table's entry "<UUID>+host" counts a device's bytes that live in host memory. */
+#define VC_HOST_SUFFIX "+host"
 
 struct vc_slot {
     int32_t pid;                      /* 0: free */

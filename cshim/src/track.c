@@ -120,7 +120,7 @@ void vc_track_drop_context(CUcontext context)
     for (size_t i = 0; i < capacity;) {
         struct entry *e = &table[i];
         if (e->kind && e->charge.context == context) {
-            vc_account_add(e->charge.device->index, -(int64_t)e->charge.bytes);
+            vc_account_add(vc_charge_entry(&e->charge), -(int64_t)e->charge.bytes);
             remove_entry(e);   /* may shift a later entry into i: look at i again */
         } else {
             i++;

@@ -26,7 +26,14 @@ struct vc_charge {
     CUcontext context;        /* freed with it; NULL for VMM handles, which outlive contexts */
     unsigned holds;           /* VC_KIND_HANDLE: its handle references and mappings */
     uint64_t handle;          /* VC_KIND_MAPPING: the VMM allocation mapped */
+    bool in_host;             /* VC_KIND_POINTER: virtual memory, counted in host memory */
 };
+
+/* The account entry a charge is counted in. */
+static inline int vc_charge_entry(const struct vc_charge *c)
+{
+    return c->in_host ? c->device->host_index : c->device->index;
+}
 
 /* Remembers the charge of the object (kind, key). */
 void vc_track_add(enum vc_kind kind, uint64_t key, struct vc_charge charge);

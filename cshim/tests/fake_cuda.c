@@ -88,6 +88,7 @@ struct allocation {
     struct vmm_export *shared;        /* once exported or imported: what processes share */
     int shared_fd;                    /* its file, open while shared */
     struct allocation *backing;       /* K_MAPPING: the allocation mapped */
+    bool managed;                     /* K_POINTER of cuMemAllocManaged: not on the device */
 };
 
 static pid_t initialized_in;
@@ -486,8 +487,8 @@ static void free_allocation(struct allocation *a)
         a->pool->used -= a->bytes;   /* stays reserved by the pool */
     else if (a->kind == K_GRAPH)
         graph_kept[a->ordinal] -= a->bytes;   /* stays reserved as graph memory */
-    else if (a->kind == K_IPC)
-        ;                                     /* the exporter's memory */
+    else if (a->kind == K_IPC || a->managed)
+        ;                                     /* the exporter's memory, or managed memory */
     else
         give_back(a->ordinal, a->bytes);
     a->kind = 0;
@@ -530,11 +531,38 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return allocate(K_POINTER, (uint64_t *)dptr, bytesize);
 }
 
+/* The driver backs managed memory's pages where they are first touched, and the fake touches
+ * none: managed memory takes no device memory here, and may be larger than the device. */
 CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
-    if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)
+    CUresult r = need_context();
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (!dptr || !bytesize || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
         return CUDA_ERROR_INVALID_VALUE;
-    return allocate(K_POINTER, (uint64_t *)dptr, bytesize);
+    struct allocation *a = record(K_POINTER, next_address, bytesize, current->ordinal, current,
+                                  NULL);
+    if (!a)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    a->managed = true;
+    *dptr = next_address;
+    next_address += ROUND_UP(bytesize, GRANULARITY);
+    return CUDA_SUCCESS;
+}
+
+/* The original signature (a device, CU_DEVICE_CPU for the host): only managed memory takes
+ * advice, on a range inside one allocation. */
+CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device)
+{
+    if (!ready())
+        return CUDA_ERROR_NOT_INITIALIZED;
+    struct allocation *a = lookup(K_POINTER, devPtr);
+    bool advice_known = advice >= CU_MEM_ADVISE_SET_READ_MOSTLY
+                        && advice <= CU_MEM_ADVISE_UNSET_ACCESSED_BY;
+    if (!a || !a->managed || count == 0 || count > a->bytes || !advice_known
+        || (device != CU_DEVICE_CPU && (device < 0 || device >= nvisible)))
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
@@ -1357,6 +1385,7 @@ static const struct entry entries[] = {
     E("cuMemAlloc", 3020, cuMemAlloc_v2),
     E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
     E("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    E("cuMemAdvise", 8000, cuMemAdvise),
     E("cuMemFree", 3020, cuMemFree_v2),
     E("cuArrayCreate", 3020, cuArrayCreate_v2),
     E("cuArray3DCreate", 3020, cuArray3DCreate_v2),

@@ -17,6 +17,9 @@ from runtime_hook.node.planted_files import PlantedFileError, read_regular
 
 MAGIC = b"VCUDAACC"
 VERSION = 2
+# The device table's entry "<UUID>+host" holds a device's virtual memory that lives in host
+# memory (cshim/src/region.h).
+HOST_SUFFIX = "+host"
 _HEADER = struct.Struct("<8sIIIIIIqII")
 _UUIDS_AT = 64
 _SLOT = struct.Struct("<iIQ16Q")

@@ -29,6 +29,8 @@ _CONTAINER = {
     "memory_limit_bytes": "GPU memory the container may use on this GPU.",
     "memory_used_bytes": "GPU memory the container's processes hold on this GPU, as the "
     "shim's shared account says (written inside the container: its own report).",
+    "memory_in_host_bytes": "Of memory_used_bytes, the container's virtual memory that lives "
+    "in host memory (its device-resident bytes are the difference).",
     "memory_driver_bytes": "GPU memory the container's processes hold on this GPU, as the "
     "driver accounts it per process (NVML; CUDA contexts included; beyond the container's "
     "reach).",
@@ -78,6 +80,7 @@ def families(snapshot: Snapshot, node: str, errors: Counter[str],
         values = {
             "memory_limit_bytes": workload.memory,
             "memory_used_bytes": usage.memory_used,
+            "memory_in_host_bytes": usage.memory_in_host,
             "core_limit_ratio": workload.cores / 100,
             "core_used_ratio": usage.core_used,
             "processes": usage.processes,

@@ -49,6 +49,7 @@ class Usage(NamedTuple):
     processes: int | None
     memory_driver: int | None = None
     unaccounted: int | None = None
+    memory_in_host: int | None = None  # of memory_used, virtual memory that lives in host memory
 
 
 class Snapshot(NamedTuple):
@@ -125,7 +126,8 @@ class Observer:
                  known: dict[str, str]) -> tuple[str, ...]:
         """The GPUs ``workload`` is shown on (see the module's docstring); an account that
         names others is reported."""
-        written = held.devices if held else ()
+        written = tuple(d for d in held.devices if not d.endswith(account.HOST_SUFFIX)) \
+            if held else ()
         if workload.user is None:  # a container: its ledger record says
             by_index = {str(index): uuid for uuid, index in self._indices.items()}
             trusted = tuple(by_index.get(d, d) for d in workload.devices)  # no inventory: indices
@@ -170,6 +172,7 @@ class Observer:
             busy = utilization.of(index) if utilization and index is not None else None
             core_used = None if busy is None else sum(busy.get(p, 0) for p in host_pids) / 100
             on_it = positions.get(uuid.lower())
+            in_host = positions.get(uuid.lower() + account.HOST_SUFFIX)
             driver = held_by_pid.of(index) if held_by_pid and index is not None else None
             mine = {} if driver is None else {
                 p.host_pid: driver[p.host_pid] for p in live.values() if p.host_pid in driver}
@@ -179,9 +182,12 @@ class Observer:
                     workload=workload,
                     uuid=uuid,
                     index=index,
-                    memory_used=0 if on_it is None else used[held.devices[on_it]],
+                    memory_used=sum(used[held.devices[n]] for n in (on_it, in_host)
+                                    if n is not None),
+                    memory_in_host=0 if in_host is None else used[held.devices[in_host]],
                     core_used=core_used,
-                    processes=0 if on_it is None else sum(1 for s in slots if s.used[on_it]),
+                    processes=sum(1 for s in slots
+                                  if any(s.used[n] for n in (on_it, in_host) if n is not None)),
                     memory_driver=None if driver is None else sum(mine.values()),
                     unaccounted=None if driver is None else len(
                         [p for p, size in mine.items() if size and p not in slotted]),

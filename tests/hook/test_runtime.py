@@ -530,3 +530,46 @@ def test_a_two_gpu_share_is_committed_on_both_or_on_neither(
     assert runc.call("delete", "first").returncode == 0
     started = runc.run(_multi(bundle, hook, ("GPU-1111", "GPU-2222"), ["true"]), "multi-again")
     assert started.returncode == 0, started.stderr
+
+
+def _virtual(bundle: BuildBundle, hook: HookSetup, entry: dict) -> Path:
+    write_inventory(str(hook.inventory), [Gpu(uuid="GPU-1111", index=0, memory=16 * GIB)])
+    return bundle(["cat", "/etc/vcuda/limits"],
+                  annotations={"vcuda.io/limits": json.dumps({"main": entry})},
+                  gpus=("GPU-1111",), hooks=hook.hooks())
+
+
+@pytest.mark.parametrize(("scaling", "in_host"), [("2", 6 * GIB), ("1.5", 4 * GIB), ("1", 0)])
+def test_a_container_asking_virtual_memory_gets_the_part_past_the_scaled_share_in_host_memory(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup, scaling: str, in_host: int
+) -> None:
+    node = dataclasses.replace(hook, flags=("--memory-scaling", scaling))
+    built = _virtual(bundle, node, {"cores": 30, "memory": 12 * GIB, "virtual": True})
+    result = runc.run(built, "virtual")
+    assert result.returncode == 0, result.stderr
+    assert parse_limits(result.stdout).virtual_memory == in_host
+    log = hook.log_file.read_text()
+    if in_host:
+        assert f"of which in host memory at most {in_host} " in log
+    else:
+        assert ("the pod asks for virtual memory, but this node does not scale memory "
+                "(--memory-scaling 1): all of its limit is device memory") in log
+
+
+def test_a_container_not_asking_virtual_memory_keeps_its_limit_on_the_device(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    node = dataclasses.replace(hook, flags=("--memory-scaling", "2"))
+    result = runc.run(_virtual(bundle, node, {"cores": 30, "memory": 12 * GIB}), "plain")
+    assert result.returncode == 0, result.stderr
+    assert parse_limits(result.stdout).virtual_memory == 0
+
+
+def test_a_virtual_flag_that_is_not_a_boolean_is_refused(
+    runc: Runtime, bundle: BuildBundle, hook: HookSetup
+) -> None:
+    built = _virtual(bundle, hook, {"cores": 30, "memory": GIB, "virtual": "yes"})
+    refused = runc.run(built, "bad")
+    assert refused.returncode != 0
+    assert "annotation vcuda.io/limits: virtual of 'main' is 'yes', expected true or false" \
+        in refused.stderr

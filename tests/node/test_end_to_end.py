@@ -92,8 +92,11 @@ def _exec_in(pid: int, gpu: FakeGpu, limits: Path, *words: str) -> Background:
     return background
 
 
+# With 1 GiB of its 2 virtual, the GiB allocated after the context finds no room on the device.
+@pytest.mark.parametrize("virtual", [0, GIB])
 def test_a_container_started_with_the_installed_hook_shows_its_shims_memory_and_use(
-    installed: Node, agent: Agent, gpu: FakeGpu, bundle: BuildBundle, runc, tmp_path: Path
+    installed: Node, agent: Agent, gpu: FakeGpu, bundle: BuildBundle, runc, tmp_path: Path,
+    virtual: int,
 ) -> None:
     state = Path(agent.advertiser.inventory).parent
     agent.advertiser.once()  # the inventory the hook checks memory against
@@ -107,7 +110,8 @@ def test_a_container_started_with_the_installed_hook_shows_its_shims_memory_and_
     # The shim in the container sees /run/vcuda/account; from the host, that is the record's.
     limits = tmp_path / "limits"
     limits.write_text(render_limits(Limits(memory=2 * GIB, cores=30, devices=(fake_uuid(0),),
-                                    account=str(record / "account" / "account"))))
+                                    account=str(record / "account" / "account"),
+                                    virtual_memory=virtual)))
     probe = _exec_in(pid, gpu, limits, "init", "ctx", "0", "alloc", "1G", "wait")
     try:
         assert probe.lines[2][:2] == ["alloc", "CUDA_SUCCESS"], probe.lines
@@ -122,6 +126,7 @@ def test_a_container_started_with_the_installed_hook_shows_its_shims_memory_and_
                     uuid=fake_uuid(0))
     assert series["vcuda_container_memory_limit_bytes"] == {worker: 2 * GIB}
     assert series["vcuda_container_memory_used_bytes"] == {worker: CONTEXT + GIB}
+    assert series["vcuda_container_memory_in_host_bytes"] == {worker: virtual}
     assert series["vcuda_container_core_limit_ratio"] == {worker: 0.3}
     assert series["vcuda_container_core_used_ratio"] == {worker: 0.4}
     assert series["vcuda_container_processes"] == {worker: 1}

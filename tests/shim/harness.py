@@ -57,10 +57,12 @@ class FakeGpu:
     def account(self) -> Path:
         return self.root / "account"
 
-    def limit(self, memory: int, devices: tuple[str, ...] = (), cores: int = 100) -> Path:
+    def limit(self, memory: int, devices: tuple[str, ...] = (), cores: int = 100,
+              virtual: int = 0) -> Path:
         """Write a limits file (as the hook and vcuda-run do) and point the shim at it."""
         path = self.root / "limits"
-        limits = Limits(memory=memory, cores=cores, devices=devices, account=str(self.account))
+        limits = Limits(memory=memory, cores=cores, devices=devices, account=str(self.account),
+                        virtual_memory=virtual)
         path.write_text(render_limits(limits))
         self.env["VCUDA_LIMITS_FILE"] = str(path)
         return path

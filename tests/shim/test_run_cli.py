@@ -12,7 +12,7 @@ import pytest
 
 from runtime_hook import run
 from runtime_hook.node_state import process_start_time
-from tests.shim.harness import GIB, LIBRARY, REPO, FakeGpu, fake_uuid
+from tests.shim.harness import CONTEXT, GIB, LIBRARY, REPO, FakeGpu, fake_uuid
 
 
 def vcuda_run(*args: str, env: dict[str, str] | None = None, tmp: Path | None = None):
@@ -52,6 +52,16 @@ def test_the_command_runs_with_the_shim_preloaded_and_a_limits_file(
     assert lines[5] == f"preload={LIBRARY}:/lib/other.so"
     # vcuda-run replaced itself by the command: the directory names the command's pid.
     assert (directory / "owner").read_text().split()[0] == lines[6].split("=")[1]
+
+
+def test_virtual_memory_reaches_the_programs_it_runs(gpu: FakeGpu) -> None:
+    # 9 GiB do not fit on the 8 GiB device: only a limit with 6 GiB in host memory holds them.
+    words = ("init", "ctx", "0", "alloc", "9G", "info")
+    result = vcuda_run("--memory", "12Gi", "--virtual-memory", "6Gi", "--",
+                       *gpu.command(*words), env=gpu.env, tmp=gpu.root)
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert lines[2][:2] == ["alloc", "CUDA_SUCCESS"]
+    assert lines[3] == ["info", "CUDA_SUCCESS", str(3 * GIB - CONTEXT), str(12 * GIB)]
 
 
 def test_the_limit_reaches_the_programs_it_runs(gpu: FakeGpu) -> None:
@@ -121,6 +131,10 @@ def test_sizes_are_read_as_kubernetes_writes_them(size: str, expected: int) -> N
          "--devices: 'GPU-typo' is not a GPU or MIG UUID: write them as 'nvidia-smi -L' prints"),
         (["--memory", "4Gi", "--devices", f"{fake_uuid(0)},0", "--", "true"],
          "'0' is not a GPU or MIG UUID"),
+        (["--memory", "4Gi", "--virtual-memory", "4Gi", "--", "true"],
+         "virtual-memory must be less than memory (4294967296), got 4294967296"),
+        (["--memory", "4Gi", "--virtual-memory", "2GB", "--", "true"], "bad size '2GB'"),
+        (["--memory", "4Gi", "--virtual-memory", "-1", "--", "true"], "bad size '-1'"),
         (["--memory", "4Gi", "--"], "no command given: write it after '--'"),
         (["--memory", "4Gi"], "no command given"),
         (["--", "true"], "the following arguments are required: --memory"),

@@ -698,3 +698,36 @@ def test_volcano_names_in_requests_are_removed_with_those_in_limits() -> None:
 
 def test_the_webhooks_own_output_of_volcano_names_is_left_as_it_is() -> None:
     assert create(patched(pod(volcano()))).patch == ()
+
+
+# --- virtual device memory -------------------------------------------------------------------
+
+VIRTUAL = "vcuda.io/virtual-memory"
+
+
+def test_a_pod_asking_virtual_memory_gets_it_in_each_shares_entry() -> None:
+    result = patched(pod(shared("train", memory="40"), shared("serve", memory="8"),
+                         container("sidecar", limits={"cpu": "100m"}),
+                         annotations={VIRTUAL: "true"}))
+    assert limits_annotation(result) == {
+        "train": {"cores": 30, "memory": 10 * GIB, "virtual": True},
+        "serve": {"cores": 30, "memory": 2 * GIB, "virtual": True},
+    }
+
+
+@pytest.mark.parametrize("annotations", [{VIRTUAL: "false"}, {}])
+def test_a_pod_not_asking_virtual_memory_has_none(annotations: dict[str, str]) -> None:
+    result = patched(pod(shared("train"), annotations=annotations))
+    assert limits_annotation(result) == {"train": {"cores": 30, "memory": 10 * GIB}}
+
+
+@pytest.mark.parametrize("value", ["yes", "True", "", "1"])
+def test_a_virtual_memory_annotation_other_than_true_or_false_is_denied(value: str) -> None:
+    assert denial(pod(shared("train"), annotations={VIRTUAL: value})) == (
+        f'{VIRTUAL} is "{value}": write "true" to let the part of each GPU share\'s memory '
+        'past the node\'s scaled share live in host memory, or "false"')
+
+
+def test_a_long_virtual_memory_value_is_cut_in_the_denial() -> None:
+    message = denial(pod(shared("train"), annotations={VIRTUAL: "x" * 5000}))
+    assert f'{VIRTUAL} is "{"x" * 64}": write' in message
