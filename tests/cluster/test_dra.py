@@ -101,6 +101,13 @@ def _agent_events(cluster: Cluster, name: str) -> list[dict]:
     return [line for line in lines if line.get("event") == name]
 
 
+def _reasons(cluster: Cluster, pod: str) -> list[str]:
+    """The reasons of pod ``pod``'s events."""
+    return cluster.ok("get", "events", "-n", "default", "--field-selector",
+                      f"involvedObject.name={pod}", "-o",
+                      "jsonpath={range .items[*]}{.reason}{'\\n'}{end}").split()
+
+
 def _until(check: object, what: str, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
@@ -192,10 +199,7 @@ def test_a_claim_that_fits_no_gpu_stays_pending_with_the_schedulers_reason(
     _create(cluster, _pod("too-big", "vcuda-50-20gi-hopper"))
     try:
         events = cluster.events("too-big", "cannot allocate")
-        reason = cluster.ok("get", "events", "-n", "default", "--field-selector",
-                            "involvedObject.name=too-big", "-o",
-                            "jsonpath={range .items[*]}{.reason}{'\\n'}{end}")
-        assert "FailedScheduling" in reason.split(), reason
+        assert "FailedScheduling" in _reasons(cluster, "too-big")
         assert "cannot allocate" in events, events
         assert p.stays_pending(cluster, "too-big", 5)
     finally:
@@ -253,8 +257,12 @@ def test_a_restart_keeps_a_running_claims_limits_and_prepares_a_new_pod(
         assert cluster.get("pod", "running", "-n", "default")["status"][
             "containerStatuses"][0]["containerID"] == container  # not started again
         assert _limits(cluster, "running") == before
+        # Kubelet deleted the node's slices when it started; the agent published its own
+        # again when kubelet registered it, so the new pod is placed at its first try.
+        assert cluster.kubectl("get", "resourceslice", slice_name(p.NODE)).returncode == 0
         _create(cluster, _pod("after", "vcuda-20-2gi"))
         p.wait_running(cluster, "after")
+        assert "FailedScheduling" not in _reasons(cluster, "after")
         assert _allocated(_claim(cluster, "after"))[0] == _gpu(0)
         assert p.cuda_total(cluster, "after") == 2 * GIB
     finally:
