@@ -1,5 +1,6 @@
 """The real one-node cluster of ``scripts/cluster``, with vcuda installed on it in the mode each
-test module needs (``--with-vcuda device-plugin``, ``placement``, ``placement/self-managed``)
+test module needs (``--with-vcuda device-plugin``, ``placement``, ``placement/self-managed``,
+``dra``)
 where podman can build its image. One cluster per machine: the tests are ordered by mode, so
 that each mode is brought up once, taken down before the next, and the last is taken down
 after the last test here. Skipped only where this machine cannot hold it (not root, no Go to
@@ -26,8 +27,8 @@ _HERE = Path(__file__).resolve().parent
 # device-plugin path's cluster (or any cluster that is up). Tests that start clusters of
 # their own ("own") run first, before the suite's first cluster.
 _MODE_FIXTURES = {"no_cluster": "own", "vcuda": "device-plugin", "placement": "placement",
-                  "self_managed": "placement/self-managed"}
-_ORDER = ("own", "device-plugin", "placement", "placement/self-managed")
+                  "self_managed": "placement/self-managed", "dra": "dra"}
+_ORDER = ("own", "device-plugin", "placement", "placement/self-managed", "dra")
 
 
 def _missing() -> str | None:
@@ -121,6 +122,8 @@ def _installed_mode(cluster: Cluster) -> str | None:
         return "placement"
     if has("daemonset", "vcuda-scheduler-extender"):
         return "placement/self-managed"
+    if cluster.kubectl("get", "deviceclass", "gpu.vcuda.io").returncode == 0:
+        return "dra"
     return "device-plugin"
 
 
@@ -172,3 +175,10 @@ def self_managed(clusters: Clusters) -> Cluster:
     """The cluster, with vcuda's extender in its own kube-scheduler's configuration
     (``manifests/placement/self-managed``)."""
     return clusters.get("placement/self-managed")
+
+
+@pytest.fixture(scope="module")
+def dra(clusters: Clusters) -> Cluster:
+    """The cluster, with vcuda installed as a DRA driver (``manifests/dra``): claims placed by
+    the cluster's own kube-scheduler, prepared by the node agent as kubelet's plugin."""
+    return clusters.get("dra")

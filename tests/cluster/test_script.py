@@ -24,11 +24,11 @@ def _cluster(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_up_refuses_a_mode_it_cannot_install_and_names_those_it_can(tmp_path: Path) -> None:
-    refused = _cluster(tmp_path, "up", "--with-vcuda", "dra")
+    refused = _cluster(tmp_path, "up", "--with-vcuda", "mig")
     assert refused.returncode == 1
     assert refused.stderr.strip() == (
-        "cluster: --with-vcuda dra is not supported yet: only device-plugin, placement, "
-        "placement/self-managed (DRA comes with its own stand-ins)")
+        "cluster: --with-vcuda mig is not a mode: one of device-plugin, placement, "
+        "placement/self-managed, dra")
     assert not list(tmp_path.iterdir())  # nothing was started or written
 
 

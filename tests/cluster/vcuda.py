@@ -5,8 +5,10 @@ Real: vcuda's image (tests/image/build.py, podman), its manifests applied unchan
 an overlay that only names the images, the node labels, ``vcuda-node install`` on the node's
 containerd; on the placement paths vcuda's device plugin registered with the real kubelet and
 the real kube-scheduler calling the extender (the ``vcuda-scheduler`` Deployment runs the
-cluster's own kube-scheduler binary, in an image of that binary alone). Stand-ins
-(tests/cluster/node): NVIDIA's device plugin (the device-plugin path only), NVIDIA's
+cluster's own kube-scheduler binary, in an image of that binary alone); on the DRA path the
+node agent as kubelet's DRA plugin and the cluster's own kube-scheduler allocating its
+ResourceSlice. Stand-ins (tests/cluster/node): NVIDIA's device plugin (the device-plugin path
+only), NVIDIA's CDI spec of the GPUs (the DRA path only, :func:`nvidia_cdi_spec`), NVIDIA's
 container runtime, the driver (the fake libcuda.so.1 and libnvidia-ml.so.1 of cshim/tests,
 two GPUs of different memory), and systemctl (no systemd runs this node).
 """
@@ -28,6 +30,8 @@ from pathlib import Path
 
 import yaml
 
+from runtime_hook.node.dra.slices import slice_name
+from runtime_hook.node.host_root import host_path
 from tests.cri.images import add_file, directories, write_layout
 from tests.image import build
 
@@ -36,7 +40,7 @@ DOUBLES = Path(__file__).resolve().parent / "node"
 FAKE_BUILD = REPO / "cshim" / "build" / "tests"
 # Each mode and the folder of manifests/ it installs (README "Install", "Or with kustomize").
 MODES = {"device-plugin": "manifests", "placement": "manifests/placement",
-         "placement/self-managed": "manifests/placement/self-managed"}
+         "placement/self-managed": "manifests/placement/self-managed", "dra": "manifests/dra"}
 SELF_MANAGED_CONFIG = REPO / "manifests" / "placement" / "self-managed" / \
     "kube-scheduler-config.yaml"
 SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler"  # what the placement path's image names
@@ -47,6 +51,7 @@ DRIVER_DIR = "/usr/local/vcuda-test-driver"  # the driver's files on the node
 DRIVER_STATE = "/run/vcuda-test-driver"  # the fake GPUs' shared state, on the node
 PROBE = "/usr/bin/vcuda-test-probe"  # in GPU containers: cshim/tests/probe.c
 NVIDIA_RUNTIME = "/usr/local/bin/nvidia-container-runtime"
+NVIDIA_CDI_SPEC = "/var/run/cdi/nvidia.yaml"  # as docs/DRA.md's `nvidia-ctk cdi generate`
 _LIBRARY_DIR = "/usr/lib/x86_64-linux-gnu" if os.uname().machine == "x86_64" \
     else f"/usr/lib/{os.uname().machine}-linux-gnu"
 # The node's files (of its overlays' upper layers, tests/cluster's scripts/cluster) that an
@@ -68,8 +73,7 @@ def refusal(mode: str) -> str | None:
     """Why ``--with-vcuda MODE`` cannot be done today, or None."""
     if mode in MODES:
         return None
-    return (f"--with-vcuda {mode} is not supported yet: only {', '.join(MODES)} "
-            "(DRA comes with its own stand-ins)")
+    return f"--with-vcuda {mode} is not a mode: one of {', '.join(MODES)}"
 
 
 def nvidia_plugin(mode: str) -> bool:
@@ -105,8 +109,9 @@ def build_image() -> str:
         raise InstallError(str(error)) from None
 
 
-def node_files(node_root: Path, containerd_pid: Path, socket: Path) -> None:
-    """Put the stand-ins on the node (under the node namespace's overlays)."""
+def node_files(node_root: Path, containerd_pid: Path, socket: Path, mode: str) -> None:
+    """Put the stand-ins on the node (under the node namespace's overlays); on the DRA path
+    NVIDIA's CDI spec of the GPUs too."""
     driver = node_root / DRIVER_DIR.lstrip("/")
     driver.mkdir(parents=True, exist_ok=True)
     for name in _FAKES:
@@ -127,6 +132,32 @@ def node_files(node_root: Path, containerd_pid: Path, socket: Path) -> None:
                          .replace("@PID_FILE@", str(containerd_pid))
                          .replace("@SOCKET@", str(socket)))
     systemctl.chmod(0o755)
+    if mode == "dra":
+        spec = Path(host_path(str(node_root), NVIDIA_CDI_SPEC))  # /var/run is /run
+        spec.parent.mkdir(parents=True, exist_ok=True)
+        spec.write_text(yaml.safe_dump(nvidia_cdi_spec()))
+
+
+def gpu_uuid(index: int) -> str:
+    """The UUID the fake driver gives GPU ``index`` (cshim/tests/fake_state.c)."""
+    raw = bytes(0x10 * (index + 1) + k for k in range(16)).hex()
+    return f"GPU-{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:]}"
+
+
+def nvidia_cdi_spec() -> dict:
+    """NVIDIA's CDI spec as ``nvidia-ctk cdi generate --device-name-strategy=uuid`` names its
+    devices (``nvidia.com/gpu=<UUID>``), for the fake driver: every GPU container gets the
+    driver's files and state; each device is told to the driver by CUDA_VISIBLE_DEVICES, as
+    the fake shows every GPU where NVIDIA's spec adds only the device's /dev/nvidiaN."""
+    files = [{"hostPath": f"{DRIVER_DIR}/{name}", "containerPath": inside,
+              "options": ["ro", "nosuid", "nodev", "bind"]} for name, inside in _FAKES.items()]
+    state = {"hostPath": DRIVER_STATE, "containerPath": DRIVER_STATE,
+             "options": ["rw", "nosuid", "nodev", "noexec", "bind"]}
+    return {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+            "containerEdits": {"env": driver_env(), "mounts": [*files, state]},
+            "devices": [{"name": gpu_uuid(index), "containerEdits": {
+                "env": [f"CUDA_VISIBLE_DEVICES={gpu_uuid(index)}"]}}
+                for index in range(len(GPUS_MIB))]}
 
 
 def node_snapshot(upper: Path) -> dict[str, str]:
@@ -243,7 +274,8 @@ def wait_ready(kubectl: Kubectl, mode: str, node: str, timeout: float = 600) -> 
     """Until every Deployment and DaemonSet of MODE rolled out (the webhook's pods wait for
     the Secret of the certificate Job), the Job set the webhook configuration's caBundle, and
     the apiserver reaches the webhook; on the placement paths also until kubelet advertises
-    vcuda's device plugins' slots for both GPUs and every extender has listed the nodes."""
+    vcuda's device plugins' slots for both GPUs and every extender has listed the nodes; on
+    the DRA path until the node agent's ResourceSlice offers both GPUs."""
     deadline = time.monotonic() + timeout
     for workload in _workloads(mode):
         left = max(int(deadline - time.monotonic()), 1)
@@ -254,6 +286,17 @@ def wait_ready(kubectl: Kubectl, mode: str, node: str, timeout: float = 600) -> 
     _wait_for_admission(kubectl, deadline)
     if mode in ("placement", "placement/self-managed"):
         wait_placement_ready(kubectl, node, deadline)
+    if mode == "dra":
+        wait_slice_published(kubectl, node, deadline)
+
+
+def wait_slice_published(kubectl: Kubectl, node: str, deadline: float) -> None:
+    """Until the apiserver holds the node agent's ResourceSlice of ``node`` with a device for
+    each GPU."""
+    devices = "jsonpath={.spec.devices[*].name}"
+    _until(lambda: len(kubectl("get", "resourceslice", slice_name(node), "-o", devices)
+                       .stdout.split()) == len(GPUS_MIB), deadline,
+           f"the node agent does not publish the ResourceSlice of {node}'s GPUs")
 
 
 def wait_placement_ready(kubectl: Kubectl, node: str, deadline: float) -> None:

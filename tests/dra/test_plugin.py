@@ -20,6 +20,7 @@ from runtime_hook.node.dra.prepare import RECORD_PREFIX, Paths, PrepareError, Pr
 from runtime_hook.node.dra.slices import device_name
 from runtime_hook.node_state import LIMITS_FILE, PRELOAD_FILE, StateDir, process_start_time
 from tests.dra.conftest import GPU0, GPU1, LIBRARY, NODE, DraNode
+from tests.dra.fake_dra_api import slice_path
 from tests.node.fake_pynvml import GIB
 
 
@@ -70,6 +71,18 @@ def test_kubelet_registers_the_plugin_as_a_v1_dra_driver_with_its_service_socket
     assert (dra_node.base / "kubelet/plugins_registry/vcuda.io-reg.sock").is_socket()
     assert dra_node.driver.plugin.registered is True
 
+
+def test_a_slice_kubelet_deleted_at_its_start_is_published_again_when_it_registers_the_plugin(
+        dra_node: DraNode) -> None:
+    """Kubelet deletes its node's ResourceSlices when it starts, then registers the plugins
+    it finds: the slice comes back with the registration, not at the agent's next pass."""
+    path = slice_path(f"{NODE}-vcuda.io")
+    published = dra_node.api.get(path)
+    with dra_node.api.lock:
+        dra_node.api.store(path, None)
+    dra_node.kubelet.register()
+    again = dra_node.api.get(path)
+    assert again is not None and again["spec"]["devices"] == published["spec"]["devices"]
 
 def test_prepare_gives_the_gpu_and_a_cdi_device_whose_limits_are_the_consumed_capacity(
         dra_node: DraNode) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable, Mapping
 
 from runtime_hook.contract import Gpu, Sharing
@@ -40,7 +41,12 @@ class ClaimStats(Record):
 
 
 class Driver:
-    """Serves kubelet and publishes the slice of ``node`` (its pool has the node's name)."""
+    """Serves kubelet and publishes the slice of ``node`` (its pool has the node's name).
+
+    Kubelet deletes every ResourceSlice of its node when it starts, and a driver's slices
+    when its plugin stays away: each time kubelet registers the plugin, the slice last
+    published is published again at once rather than at the agent's next pass.
+    """
 
     def __init__(self, settings: DraSettings, node: str, host_root: str, state_dir: str,
                  sharing: Sharing, api: DraApi, log: logging.Logger) -> None:
@@ -49,12 +55,14 @@ class Driver:
         self._api = api
         self._log = log
         self._node_uid: str | None = None  # read once: the Node owns the slice
+        self._models: list[GpuModel] | None = None  # what the slice offers; None: not yet
+        self._publishing = threading.Lock()  # the agent's pass and kubelet's registration
         paths = Paths(host_root=host_root, state_dir=state_dir, cdi_dir=settings.cdi_dir,
                       library=settings.library, account_mib=settings.account_mib)
         self._preparer = Preparer(paths, pool=node, sharing=sharing,
                                   gpu_kind=settings.gpu_cdi_kind)
         self.plugin = KubeletPlugin(self._preparer, api.claim, host_root, settings.kubelet_dir,
-                                    log)
+                                    log, on_registered=self._republish)
 
     def claim_stats(self) -> ClaimStats:
         """What the plugin prepared, per GPU, and what failed; read at each scrape."""
@@ -79,12 +87,27 @@ class Driver:
                 continue
             models.append(GpuModel(gpu.uuid, gpu.index, gpu.memory, product, capability))
         try:
+            self._publish(models)
+        except DraApiError as exc:
+            problems.report("resourceslice", f"node {self._node}", with_fix(exc))
+
+    def _republish(self) -> None:
+        """Publish the slice of the last pass again (kubelet may have deleted it); failures
+        are logged, and the next pass tries again."""
+        if self._models is None:
+            return  # the agent's first pass publishes
+        try:
+            self._publish(self._models)
+        except DraApiError as exc:
+            event(self._log, logging.WARNING, "resourceslice_failed", node=self._node,
+                  error=with_fix(exc))
+
+    def _publish(self, models: list[GpuModel]) -> None:
+        with self._publishing:
+            self._models = models
             if self._node_uid is None:
                 self._node_uid = self._api.node_uid(self._node)
             done = publish(self._api, self._node, models, self._sharing, self._node_uid)
-        except DraApiError as exc:
-            problems.report("resourceslice", f"node {self._node}", with_fix(exc))
-            return
         if done:
             event(self._log, logging.INFO, f"resourceslice_{done}", node=self._node,
                   devices=len(models))

@@ -52,13 +52,16 @@ class KubeletPlugin:
     """Both gRPC servers; :meth:`start` them, :meth:`stop` them (their sockets go too).
 
     ``host_root`` is where the node's root is mounted here; ``read_claim``
-    fetches a claim from the API and raises RuntimeError when it cannot.
+    fetches a claim from the API and raises RuntimeError when it cannot;
+    ``on_registered`` is called each time kubelet accepts the plugin.
     """
 
     def __init__(self, preparer: Preparer, read_claim: ClaimReader, host_root: str,
-                 kubelet_dir: str, log: logging.Logger) -> None:
+                 kubelet_dir: str, log: logging.Logger,
+                 on_registered: Callable[[], None] = lambda: None) -> None:
         self._preparer = preparer
         self._read_claim = read_claim
+        self._on_registered = on_registered
         self._log = log
         self._endpoint = service_socket(kubelet_dir)
         self._sockets = (host_path(host_root, self._endpoint),
@@ -168,6 +171,7 @@ class KubeletPlugin:
         self.registered = registered
         if registered:
             event(self._log, logging.INFO, "dra_plugin_registered", driver=DRIVER)
+            self._on_registered()
         else:
             event(self._log, logging.ERROR, "dra_plugin_refused", driver=DRIVER, error=error)
 
