@@ -173,6 +173,7 @@ class Observer:
             core_used = None if busy is None else sum(busy.get(p, 0) for p in host_pids) / 100
             on_it = positions.get(uuid.lower())
             in_host = positions.get(uuid.lower() + account.HOST_SUFFIX)
+            entries = [n for n in (on_it, in_host) if n is not None]  # device part, host part
             driver = held_by_pid.of(index) if held_by_pid and index is not None else None
             mine = {} if driver is None else {
                 p.host_pid: driver[p.host_pid] for p in live.values() if p.host_pid in driver}
@@ -182,12 +183,10 @@ class Observer:
                     workload=workload,
                     uuid=uuid,
                     index=index,
-                    memory_used=sum(used[held.devices[n]] for n in (on_it, in_host)
-                                    if n is not None),
+                    memory_used=sum(used[held.devices[n]] for n in entries),
                     memory_in_host=0 if in_host is None else used[held.devices[in_host]],
                     core_used=core_used,
-                    processes=sum(1 for s in slots
-                                  if any(s.used[n] for n in (on_it, in_host) if n is not None)),
+                    processes=sum(1 for s in slots if any(s.used[n] for n in entries)),
                     memory_driver=None if driver is None else sum(mine.values()),
                     unaccounted=None if driver is None else len(
                         [p for p, size in mine.items() if size and p not in slotted]),

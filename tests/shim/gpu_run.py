@@ -15,12 +15,35 @@ from tests.shim.harness import GIB, REPO
 #: The memory limit of the GPU tests.
 LIMIT = 4 * GIB
 
+# Fills the limit with 256 MiB tensors, each written with its own value by a kernel, then
+# checks every one on the device; prints the limit seen, the count, the error that ended it
+# and whether every tensor held its value.
+TORCH_FILL = """
+import sys, torch
+free, total = torch.cuda.mem_get_info()
+print("info", free, total, flush=True)
+held, error = [], "none"
+try:
+    while len(held) < 64:
+        block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+        block.fill_(len(held) % 251)
+        held.append(block)
+except Exception as exc:
+    error = type(exc).__name__
+right = all(int(b[::4096].sum()) == (i % 251) * b[::4096].numel() for i, b in enumerate(held))
+print("filled", len(held), error, right, flush=True)
+sys.stdin.readline()
+"""
 
-def vcuda_run(*command: str, account: Path | None = None, cores: int = 100) -> list[str]:
-    """The vcuda-run command line for command with the 4 GiB limit (and a core limit)."""
+
+def vcuda_run(*command: str, account: Path | None = None, cores: int = 100,
+              virtual: str | None = None) -> list[str]:
+    """The vcuda-run command line for command with the 4 GiB limit (and a core limit, and
+    ``virtual`` of it in host memory)."""
     shared = ["--account", str(account)] if account else []
+    host = ["--virtual-memory", virtual] if virtual else []
     return [sys.executable, "-m", "runtime_hook.run", "--memory", "4Gi", "--cores", str(cores),
-            *shared, "--", *command]
+            *shared, *host, "--", *command]
 
 
 def environment(**extra: str) -> dict[str, str]:

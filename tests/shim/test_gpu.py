@@ -9,26 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.shim.gpu_run import LIMIT, environment, line, process_memory, started, vcuda_run
+from tests.shim.gpu_run import (
+    LIMIT,
+    TORCH_FILL,
+    environment,
+    line,
+    process_memory,
+    started,
+    vcuda_run,
+)
 from tests.shim.harness import BUILD, GIB, MIB, TESTS
 
 pytestmark = pytest.mark.gpu
 
 BLOCK = 256 * MIB
-
-TORCH_FILL = """
-import sys, torch
-free, total = torch.cuda.mem_get_info()
-print("info", free, total, flush=True)
-held, error = [], "none"
-try:
-    while len(held) < 64:
-        held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
-except Exception as exc:
-    error = type(exc).__name__
-print("filled", len(held), error, flush=True)
-sys.stdin.readline()
-"""
 
 CUPY_FILL = """
 import sys, cupy
