@@ -62,14 +62,16 @@ static int account_index(const char *uuid)
 }
 
 /* The account's entry of the bytes of device uuid that live in host memory (virtual memory);
- * -1, and every allocation then in device memory, if the device table is full. */
+ * -1, and every allocation then in device memory, if the device table is full or the entry's
+ * name does not fit it. */
 static int host_index(const char *uuid)
 {
     char name[VC_REGION_UUID_SIZE];
-    snprintf(name, sizeof name, "%s" VC_HOST_SUFFIX, uuid);
-    int index = account_index(name);
+    int length = snprintf(name, sizeof name, "%s" VC_HOST_SUFFIX, uuid);
+    int index = length >= 0 && (size_t)length < sizeof name ? account_index(name) : -1;
     if (index < 0)
-        vc_log(VC_LOG_ERROR, "the account's device table is full: %s gets no host memory", uuid);
+        vc_log(VC_LOG_ERROR, "%s gets no host memory: the account's device table is full "
+               "or its name is too long", uuid);
     return index;
 }
 

@@ -191,8 +191,9 @@
         CUdevice device),                                                                           \
        (memoryRequirements, mipmap, device))                                                        \
     CU(cuCtxSetCurrent, (CUcontext ctx), (ctx))                                                     \
-    CU(cuMemAdvise, (CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device),      \
-       (devPtr, count, advice, device))                                                            \
+    CU(cuMemAdvise_v2,                                                                              \
+       (CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUmemLocation location),              \
+       (devPtr, count, advice, location))                                                           \
     CU(cuMemGetAddressRange_v2, (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr),             \
        (pbase, psize, dptr))                                                                        \
     CU(cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode), (mode))                     \

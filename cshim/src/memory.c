@@ -103,9 +103,11 @@ static CUresult alloc_in_host(CUdeviceptr *dptr, size_t bytes, CUdevice dev)
     CUresult r = vc_real_cuMemAllocManaged(dptr, bytes, CU_MEM_ATTACH_GLOBAL);
     if (r != CUDA_SUCCESS)
         return r;
-    r = vc_real_cuMemAdvise(*dptr, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_DEVICE_CPU);
+    CUmemLocation host = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
+    CUmemLocation device = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+    r = vc_real_cuMemAdvise_v2(*dptr, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host);
     if (r == CUDA_SUCCESS)
-        r = vc_real_cuMemAdvise(*dptr, bytes, CU_MEM_ADVISE_SET_ACCESSED_BY, dev);
+        r = vc_real_cuMemAdvise_v2(*dptr, bytes, CU_MEM_ADVISE_SET_ACCESSED_BY, device);
     if (r != CUDA_SUCCESS)
         vc_real_cuMemFree_v2(*dptr);
     return r;

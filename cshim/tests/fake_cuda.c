@@ -550,17 +550,20 @@ CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flag
     return CUDA_SUCCESS;
 }
 
-/* The original signature (a device, CU_DEVICE_CPU for the host): only managed memory takes
- * advice, on a range inside one allocation. */
-CUresult cuMemAdvise(CUdeviceptr devPtr, size_t count, CUmem_advise advice, CUdevice device)
+/* The location form (CUDA 12.2 and later; CUDA 13's headers name only it): only managed
+ * memory takes advice, on a range inside one allocation, for the host or a visible device. */
+CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                        CUmemLocation location)
 {
     if (!ready())
         return CUDA_ERROR_NOT_INITIALIZED;
     struct allocation *a = lookup(K_POINTER, devPtr);
     bool advice_known = advice >= CU_MEM_ADVISE_SET_READ_MOSTLY
                         && advice <= CU_MEM_ADVISE_UNSET_ACCESSED_BY;
-    if (!a || !a->managed || count == 0 || count > a->bytes || !advice_known
-        || (device != CU_DEVICE_CPU && (device < 0 || device >= nvisible)))
+    bool place_known = location.type == CU_MEM_LOCATION_TYPE_HOST
+                       || (location.type == CU_MEM_LOCATION_TYPE_DEVICE && location.id >= 0
+                           && location.id < nvisible);
+    if (!a || !a->managed || count == 0 || count > a->bytes || !advice_known || !place_known)
         return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS;
 }
@@ -1385,7 +1388,7 @@ static const struct entry entries[] = {
     E("cuMemAlloc", 3020, cuMemAlloc_v2),
     E("cuMemAllocPitch", 3020, cuMemAllocPitch_v2),
     E("cuMemAllocManaged", 6000, cuMemAllocManaged),
-    E("cuMemAdvise", 8000, cuMemAdvise),
+    E("cuMemAdvise", 12020, cuMemAdvise_v2),
     E("cuMemFree", 3020, cuMemFree_v2),
     E("cuArrayCreate", 3020, cuArrayCreate_v2),
     E("cuArray3DCreate", 3020, cuArray3DCreate_v2),
