@@ -244,12 +244,13 @@ class Unfit(ExtenderError):
     """The node cannot hold the pod; ``reason`` is what the pod's events show.
 
     ``cause``: one of NODE_CAUSES when no change of other pods would help (the node's inventory
-    is missing, unreadable or stale), else empty.
+    is missing, unreadable or stale), else empty; ``note``: the reason in words that stay the
+    same while the cause lasts (an Event on the node), by default the reason.
     """
 
-    def __init__(self, reason: str, cause: str = "") -> None:
+    def __init__(self, reason: str, cause: str = "", note: str = "") -> None:
         super().__init__(reason)
-        self.reason, self.cause = reason, cause
+        self.reason, self.cause, self.note = reason, cause, note or reason
 
     @property
     def final(self) -> bool:
@@ -375,7 +376,9 @@ def _read(annotations: Mapping[str, str] | None, now: float, max_age: float) -> 
     age = now - node.inventory.heartbeat
     if age > max_age:
         raise Unfit(f"the vcuda node agent last published this node's GPUs {age:.0f} s ago "
-                    f"(limit {max_age:.0f} s): check its vcuda-node pod", STALE_INVENTORY)
+                    f"(limit {max_age:.0f} s): check its vcuda-node pod", STALE_INVENTORY,
+                    f"the vcuda node agent has not published this node's GPUs for over "
+                    f"{max_age:.0f} s, so no vcuda pod is placed here: check its vcuda-node pod")
     return node
 
 

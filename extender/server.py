@@ -16,6 +16,7 @@ import uvloop
 from aiohttp import web
 
 from extender.bind import Binder
+from extender.node_events import NodeEvents
 from extender.nodes import NodeView, NodeWatch
 from extender.policy import STRATEGIES
 from extender.service import Extender, Outcome
@@ -44,10 +45,12 @@ class ExtenderServer:
     """The extender's routes between ``start`` and ``stop``."""
 
     def __init__(self, extender: Extender, watch: NodeWatch, log: Any,
-                 certificates: CertificateReloader | None = None) -> None:
+                 certificates: CertificateReloader | None = None,
+                 events: NodeEvents | None = None) -> None:
         self._extender = extender
         self._watch = watch
-        self._watching: asyncio.Task[None] | None = None
+        self._events = events
+        self._background: list[asyncio.Task[None]] = []
         self._metrics = extender.metrics
         self._log = log
         # Two bodies of the largest size at once: the scheduler sends one at a time.
@@ -63,7 +66,9 @@ class ExtenderServer:
     async def start(self, host: str | None, port: int) -> int:
         """Watch the nodes, and listen on ``host`` (None: all addresses) and ``port`` (0: any);
         return the port."""
-        self._watching = asyncio.create_task(self._watch.run())
+        self._background.append(asyncio.create_task(self._watch.run()))
+        if self._events is not None:
+            self._background.append(asyncio.create_task(self._events.run()))
         return await self._serving.start(host, port)
 
     async def start_metrics(self, host: str | None, port: int) -> int:
@@ -74,12 +79,14 @@ class ExtenderServer:
 
     async def stop(self) -> None:
         """Stop listening once requests in progress are answered (10 s at most), then stop
-        watching."""
+        watching and let the Events in flight be written."""
         await self._metrics_serving.stop()
         await self._serving.stop()
-        if self._watching is not None:
-            self._watching.cancel()
-            await asyncio.gather(self._watching, return_exceptions=True)
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._events is not None:
+            await self._events.settled()
 
     async def _dispatch(self, request: web.BaseRequest) -> web.StreamResponse:
         handler = self._routes.get((request.method, request.path))
@@ -223,8 +230,10 @@ async def _serve(credentials: Credentials, core_keys: tuple[str, ...], args: arg
     kube = Kube(credentials)
     nodes = NodeView()
     binder = Binder(kube, nodes, core_keys, args.strategy, args.max_age)
-    server = ExtenderServer(Extender(binder, nodes, core_keys, args.strategy, args.max_age),
-                            NodeWatch(kube, nodes, log), log, certificates)
+    events = NodeEvents(kube, log)
+    server = ExtenderServer(Extender(binder, nodes, core_keys, args.strategy, args.max_age,
+                                     events=events),
+                            NodeWatch(kube, nodes, log), log, certificates, events)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGINT, signal.SIGTERM):

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection
 import msgspec
 
 from extender.bind import Binder, BindError
+from extender.node_events import NodeEvents
 from extender.nodes import SELECTOR, NodeView
 from extender.policy import (
     NOT_VCUDA_NODE,
@@ -77,11 +78,14 @@ class _Sent:
 
 
 class Extender:
-    """filter, prioritize and bind with one placement strategy."""
+    """filter, prioritize and bind with one placement strategy; a node filter leaves out
+    whatever the pod is told to ``events`` (None: to no one)."""
 
     def __init__(self, binder: Binder, nodes: NodeView, core_keys: tuple[str, ...],
-                 strategy: str, max_age: float, clock: Callable[[], float] = time.time) -> None:
+                 strategy: str, max_age: float, clock: Callable[[], float] = time.time,
+                 events: NodeEvents | None = None) -> None:
         self._binder = binder
+        self._events = events
         self._nodes = nodes
         self.metrics = binder.metrics
         self._core_keys = core_keys
@@ -115,6 +119,8 @@ class Extender:
                 if exc.cause:
                     unresolvable[name] = exc.reason
                     self.metrics.left_out(exc.cause)
+                    if self._events is not None:
+                        self._events.left_out(name, exc.cause, exc.note)
                 else:
                     failed[name] = exc.reason
             else:

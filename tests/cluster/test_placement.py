@@ -10,6 +10,8 @@ import subprocess
 import time
 from collections import defaultdict
 
+from runtime_hook.contract import INVENTORY_ANNOTATION
+from runtime_hook.placement import PlacementError
 from tests.cluster import placement as p
 from tests.cluster.kube import Cluster
 from tests.cluster.vcuda import NAMESPACE, REPO
@@ -213,6 +215,65 @@ def test_the_node_agent_restarted_keeps_running_containers_and_places_new_pods(
         assert p.spec_gpus(placement, "after") == [large]
     finally:
         p.delete(placement, "big", "after")
+
+
+def _node_events(cluster: Cluster, reason: str) -> list[dict]:
+    return cluster.get("events", "-n", "default", "--field-selector",
+                       f"involvedObject.kind=Node,involvedObject.name={p.NODE},"
+                       f"reason={reason}")["items"]
+
+
+def _node_warning(cluster: Cluster, reason: str, seen: set[str], timeout: float) -> dict | None:
+    """A new Event of ``reason`` on the test node (none of ``seen``), once there is one; None
+    after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        new = [event for event in _node_events(cluster, reason)
+               if event["metadata"]["name"] not in seen]
+        if new or time.monotonic() > deadline:
+            return new[0] if new else None
+        time.sleep(1)
+
+
+def _inventory_garbled(cluster: Cluster) -> None:
+    cluster.ok("annotate", "node", p.NODE, "--overwrite", f"{INVENTORY_ANNOTATION}={{")
+
+
+def test_a_node_whose_inventory_cannot_be_read_gets_the_extenders_warning_and_its_reason(
+        placement: Cluster) -> None:
+    """Garbled by hand, the node's GPU inventory leaves it out of placement: the pod waits with
+    the extender's reason in its events, and the Node carries the extender's Warning Event,
+    written under its shipped RBAC by the real events API. The agent publishes again at its
+    next pass (every 30 s): if that comes before the scheduler's filter, the pod runs and the
+    garbling is tried again."""
+    image = placement.vcuda_image()
+    seen = {event["metadata"]["name"]
+            for event in _node_events(placement, "GPUInventoryUnreadable")}
+    try:
+        for _ in range(3):
+            _inventory_garbled(placement)
+            p.create(placement, p.pod("unread", image, SMALL))
+            warning = _node_warning(placement, "GPUInventoryUnreadable", seen, 20)
+            if warning is not None:
+                break
+            p.delete(placement, "unread")  # the agent published first
+        assert warning is not None, "no GPUInventoryUnreadable Event on the node"
+        assert (warning["type"], warning["reportingComponent"], warning["action"]) == (
+            "Warning", "vcuda.io/scheduler-extender", "LeaveOutOfPlacement")
+        assert warning["message"].endswith(": check the vcuda node agent of this node")
+        events = placement.events("unread", warning["message"], timeout=60)
+        assert warning["message"] in events, events
+    finally:
+        p.delete(placement, "unread")
+        p.ready(placement)
+        deadline = time.monotonic() + 90  # the agent's next pass writes the inventory again
+        while True:
+            try:
+                p.gpus(placement)
+                break
+            except PlacementError:
+                assert time.monotonic() < deadline, "the agent did not publish its GPUs again"
+                time.sleep(2)
 
 
 def test_the_extender_restarted_during_a_burst_places_every_pod_within_its_gpus(

@@ -21,11 +21,11 @@ from runtime_hook.contract import (
     SHARED_RESOURCE,
     WHOLE_RESOURCE,
 )
+from runtime_hook.event_series import NODE_EVENTS_NAMESPACE
 from runtime_hook.hook_cli import DEFAULT_STATE_DIR
 from runtime_hook.node.agent import PLUGIN_DIR, POD_RESOURCES
 from runtime_hook.node.cdi_files import DEFAULT_DIR as CDI_DIR
 from runtime_hook.node.host_root import host_path
-from runtime_hook.node.kube_events import NODE_EVENTS_NAMESPACE
 from runtime_hook.node.runtime_config import (
     BASE_SPEC,
     CONTAINERD_CONFIG,
@@ -129,12 +129,16 @@ def test_placement_and_dra_together_do_not_build(resources: list[str], component
 def test_vcuda_owns_no_namespace_but_its_own() -> None:
     """`kubectl delete -k manifests/` must not delete software vcuda did not install; its
     objects elsewhere are kube-scheduler's binding to the API server's authentication reader
-    and the node agent's grant of Events about its Node (which the API takes in default)."""
+    and the node agent's and the extender's grants of Events about Nodes (which the API takes
+    in default)."""
     assert [o["metadata"]["name"] for o in all_objects() if o["kind"] == "Namespace"] == [NAMESPACE]
     elsewhere = [_key(o) for o in all_objects()
                  if o["metadata"].get("namespace", NAMESPACE) != NAMESPACE]
     assert sorted(elsewhere) == [
-        ("Role", "default", "vcuda-node-events"), ("RoleBinding", "default", "vcuda-node-events"),
+        ("Role", "default", "vcuda-node-events"),
+        ("Role", "default", "vcuda-scheduler-extender-events"),
+        ("RoleBinding", "default", "vcuda-node-events"),
+        ("RoleBinding", "default", "vcuda-scheduler-extender-events"),
         ("RoleBinding", "kube-system", "vcuda-scheduler-authentication-reader")]
     assert all(o["kind"] != "Namespace" and "namespace" not in o["metadata"]
                for o in documents(DEVICE_PLUGIN_CONFIG))
@@ -874,16 +878,22 @@ def test_the_extender_listens_on_loopback_only_where_its_scheduler_reaches_it() 
     assert "--config=/etc/vcuda-scheduler/config.yaml" in kube_scheduler["command"]
 
 
-def test_the_extender_may_read_pods_bind_them_and_watch_and_write_nodes_and_nothing_else() -> None:
+def test_the_extender_may_read_pods_bind_them_watch_and_write_nodes_and_tell_them_nothing_else(
+        ) -> None:
     rules = find("ClusterRole", "vcuda-scheduler-extender")["rules"]
     assert sorted((r["resources"][0], tuple(r["verbs"])) for r in rules) == [
         ("nodes", ("get", "list", "watch", "patch")), ("pods", ("get",)),
         ("pods/binding", ("create",))]
+    events = find("Role", "vcuda-scheduler-extender-events")
+    assert events["metadata"]["namespace"] == NODE_EVENTS_NAMESPACE
+    assert events["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"],
+                                "verbs": ["create", "patch"]}]
     extender = f"system:serviceaccount:{NAMESPACE}:vcuda-scheduler-extender"
     bound = {b["roleRef"]["name"] for b in all_objects() if b["kind"].endswith("RoleBinding")
              and any(f"system:serviceaccount:{s['namespace']}:{s['name']}" == extender
                      for s in b["subjects"])}
-    assert bound == {"vcuda-scheduler-extender"}  # none of kube-scheduler's roles
+    assert bound == {"vcuda-scheduler-extender",  # none of kube-scheduler's roles
+                     "vcuda-scheduler-extender-events"}
 
 
 def test_kube_scheduler_may_read_the_api_servers_authentication_configuration() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from extender.bind import Binder
+from extender.node_events import NodeEvents
 from extender.nodes import NodeView, NodeWatch
 from extender.server import ExtenderServer
 from extender.service import Extender
@@ -186,22 +187,27 @@ class RunningExtender(ExtenderClient):
     """One vcuda-scheduler-extender on 127.0.0.1 in a thread with its own event loop."""
 
     def __init__(self, api: FakeClusterApi, log_file: Path, strategy: str = "binpack",
-                 max_age: float = 120.0, clock: Any = lambda: NOW) -> None:
+                 max_age: float = 120.0, clock: Any = lambda: NOW,
+                 events_interval: float = 60.0) -> None:
         super().__init__()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._log_stream = log_file.open("ab")
-        self.port = self.call(self._start(api, strategy, max_age, clock))
+        self.port = self.call(self._start(api, strategy, max_age, clock, events_interval))
 
     async def _start(self, api: FakeClusterApi, strategy: str, max_age: float,
-                     clock: Any) -> int:
+                     clock: Any, events_interval: float) -> int:
         self._kube = Kube(credentials(api))
         self.nodes = NodeView()
-        binder = Binder(self._kube, self.nodes, CORE_KEYS, strategy, max_age, clock)
-        self.extender = Extender(binder, self.nodes, CORE_KEYS, strategy, max_age, clock)
         log = make_logger(self._log_stream)
-        self._server = ExtenderServer(self.extender, NodeWatch(self._kube, self.nodes, log), log)
+        # The Events' own clock is the real one: their series wait for real intervals.
+        self.events = NodeEvents(self._kube, log, interval=events_interval, instance="test")
+        binder = Binder(self._kube, self.nodes, CORE_KEYS, strategy, max_age, clock)
+        self.extender = Extender(binder, self.nodes, CORE_KEYS, strategy, max_age, clock,
+                                 self.events)
+        self._server = ExtenderServer(self.extender, NodeWatch(self._kube, self.nodes, log), log,
+                                      events=self.events)
         return await self._server.start("127.0.0.1", 0)
 
     def start_metrics(self) -> int:
@@ -287,3 +293,20 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def add(api: FakeClusterApi, *objects: dict) -> list[dict]:
+    """Store Nodes and pods ``objects`` in ``api``; return them."""
+    for obj in objects:
+        if obj["kind"] == "Node":
+            api.put(f"/api/v1/nodes/{obj['metadata']['name']}", obj)
+        else:
+            api.add_pod(obj)
+    return list(objects)
+
+
+def filtered(extender: RunningExtender, api: FakeClusterApi, pod: dict, names: list[str],
+             verb: str = "/filter") -> Any:
+    """``verb`` (filter or prioritize) once the extender's view shows the nodes as stored."""
+    extender.sync(api)
+    return extender.verb(verb, extender_args(pod, names))

@@ -6,7 +6,6 @@ import http.client
 import json
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,22 +24,15 @@ from tests.extender.cluster import (
     GIB,
     NOW,
     RunningExtender,
+    add,
     binding_args,
     extender_args,
+    filtered,
     gpu_uuid,
     node_object,
     pod_object,
 )
 from tests.fake_cluster_api import FakeClusterApi
-
-
-def add(api: FakeClusterApi, *objects: dict) -> list[dict]:
-    for obj in objects:
-        if obj["kind"] == "Node":
-            api.put(f"/api/v1/nodes/{obj['metadata']['name']}", obj)
-        else:
-            api.add_pod(obj)
-    return list(objects)
 
 
 def stored_node(api: FakeClusterApi, name: str) -> dict:
@@ -53,13 +45,6 @@ def stored_pod(api: FakeClusterApi, pod: dict) -> dict:
 
 def bind(extender: RunningExtender, pod: dict, node: str) -> str:
     return extender.verb("/bind", binding_args(pod, node)).get("Error", "")
-
-
-def filtered(extender: RunningExtender, api: FakeClusterApi, pod: dict, names: list[str],
-             verb: str = "/filter") -> Any:
-    """``verb`` (filter or prioritize) once the extender's view shows the nodes as stored."""
-    extender.sync(api)
-    return extender.verb(verb, extender_args(pod, names))
 
 
 def test_filter_keeps_only_nodes_where_one_gpu_holds_the_share(
