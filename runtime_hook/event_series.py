@@ -109,14 +109,14 @@ class NodeEventSeries:
         body: dict[str, Any] = {
             "apiVersion": "events.k8s.io/v1", "kind": "Event",
             "metadata": {"name": name, "namespace": self.namespace},
-            "eventTime": micro_time(now), "type": type_, "reason": reason, "action": action,
+            "eventTime": _micro_time(now), "type": type_, "reason": reason, "action": action,
             "note": note, "reportingController": self._controller,
             "reportingInstance": self._instance,
             "regarding": {"apiVersion": "v1", "kind": "Node", "name": node,
                           "uid": node},  # kubelet's convention: a Node's uid is its name
         }
         if occurrences > 1:
-            body["series"] = {"count": occurrences, "lastObservedTime": micro_time(now)}
+            body["series"] = {"count": occurrences, "lastObservedTime": _micro_time(now)}
         self._series[key] = _Series(name, occurrences, 0, now, now)
         while len(self._series) > _KEPT:
             self._series.popitem(last=False)
@@ -128,7 +128,7 @@ class NodeEventSeries:
             return None
         series.last_write = now  # one write in flight per interval
         body = {"series": {"count": series.count,
-                           "lastObservedTime": micro_time(series.last_seen)}}
+                           "lastObservedTime": _micro_time(series.last_seen)}}
         return Write("PATCH", f"{self._path()}/{series.name}", body, series.name, key[2],
                      series.count, key)
 
@@ -136,7 +136,7 @@ class NodeEventSeries:
         return f"/apis/events.k8s.io/v1/namespaces/{self.namespace}/events"
 
 
-def micro_time(seconds: float) -> str:
+def _micro_time(seconds: float) -> str:
     """``seconds`` since the epoch as a Kubernetes MicroTime."""
     moment = datetime.fromtimestamp(seconds, timezone.utc).replace(tzinfo=None)
     return moment.isoformat(timespec="microseconds") + "Z"
