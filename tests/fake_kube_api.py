@@ -27,6 +27,21 @@ from urllib.parse import parse_qs
 
 from webhook import pki
 
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge member by member, null removes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
 
 class ApiError(Exception):
     """An error answer: HTTP status, Status reason and message."""

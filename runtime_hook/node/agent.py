@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from runtime_hook.contract import INVENTORY_NAME, Gpu, Sharing
 from runtime_hook.node.host_root import host_path
@@ -163,16 +163,20 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
     """
     status: NodeStatus | None = None
     driver: Driver | None = None
+    client: Any = None  # the Kubernetes client the Events go through (None: no Kubernetes)
     if settings.advertise and settings.dra is None:
         from runtime_hook.node.advertise import NodeStatus
 
         status = NodeStatus(settings.node, settings.kubeconfig)
+        client = status.client
     if settings.dra is not None:  # the GPUs go to ResourceSlices instead of the node's status
         from runtime_hook.node.dra import driver as dra
         from runtime_hook.node.dra.kube import DraApi
 
+        dra_api = DraApi(settings.kubeconfig)
+        client = dra_api.client
         driver = dra.Driver(settings.dra, settings.node, settings.host_root, settings.state_dir,
-                        settings.sharing, DraApi(settings.kubeconfig), log)
+                            settings.sharing, dra_api, log)
     nvml = nvml or Nvml(host_root=settings.host_root)
     observer = Observer(nvml, Problems(log, "metrics"), settings.host_root, settings.state_dir,
                         tuple(settings.run_dirs))
@@ -182,7 +186,7 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
     event(log, logging.INFO, "serving", address=settings.address, port=server.server_port,
           node=settings.node, advertise=settings.advertise)
     advertiser = Advertiser(nvml, settings, status, log, driver,
-                            _recorder(settings, status, log))
+                            None if client is None else _recorder(client, settings.node, log))
     placement = _placement(settings, status, log) \
         if settings.placement and status is not None else None
     if driver is not None:
@@ -211,13 +215,10 @@ def published(gpus: list[Gpu], sharing: Sharing) -> list[Gpu]:
             for g in gpus]
 
 
-def _recorder(settings: Settings, status: NodeStatus | None,
-              log: logging.Logger) -> EventRecorder | None:
-    if status is None:  # DRA's driver, or no Kubernetes: the Node's status is not ours to tell
-        return None
+def _recorder(client: Any, node: str, log: logging.Logger) -> EventRecorder:
     from runtime_hook.node.kube_events import EventRecorder
 
-    return EventRecorder(status.client, settings.node, log)
+    return EventRecorder(client, node, log)
 
 
 def _placement(settings: Settings, status: NodeStatus, log: logging.Logger) -> Placement:

@@ -20,7 +20,8 @@ import celpy
 import kubernetes_validate
 
 from tests.deploy.manifests import ROOT, documents
-from tests.fake_kube_api import ApiError, FakeKubeApi, json_body
+from tests.fake_events import ServesEvents
+from tests.fake_kube_api import ApiError, json_body
 
 NODE_AGENT = "system:serviceaccount:vcuda-system:vcuda-node"
 GROUP = "resource.k8s.io"
@@ -39,7 +40,7 @@ def slice_path(name: str) -> str:
     return f"{PREFIX}/resourceslices/{name}"
 
 
-class FakeDraApi(FakeKubeApi):
+class FakeDraApi(ServesEvents):
     """The fake API server serving claims and slices; ``node_name`` is in the token's extra."""
 
     def __init__(self, node_name: str | None) -> None:

@@ -33,7 +33,7 @@ def test_run_help_explains_the_dra_options(capsys: pytest.CaptureFixture[str]) -
     assert "docs/DRA.md" in out
 
 
-def test_the_agent_publishes_its_slice_serves_kubelet_and_leaves_no_socket_when_stopped(
+def test_the_agent_publishes_its_slice_tells_the_node_serves_kubelet_and_leaves_no_socket(
         dra_api: FakeDraApi) -> None:
     assert dra_api.subject == NODE_AGENT
     if os.geteuid() != 0:
@@ -64,6 +64,13 @@ def test_the_agent_publishes_its_slice_serves_kubelet_and_leaves_no_socket_when_
         # is read (it owns the slice), never written.
         assert {(r.method, r.path) for r in dra_api.requests
                 if r.path.startswith("/api/v1/nodes")} == {("GET", f"/api/v1/nodes/{NODE}")}
+        # ... and told, as on the other paths, with an Event on the Node
+        while not dra_api.events() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [told] = dra_api.events()
+        assert (told["type"], told["reason"], told["regarding"]["name"],
+                told["reportingController"]) == (
+            "Normal", "GPUInventoryChanged", NODE, "vcuda.io/node-agent")
     finally:
         kubelet.close()
         stop.set()

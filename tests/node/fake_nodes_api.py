@@ -13,12 +13,6 @@
   terms, as a ``NodeList``, or, asked for with
   ``Accept: application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1``,
   as a ``PartialObjectMetadataList`` of the nodes' metadata alone;
-- ``POST /apis/events.k8s.io/v1/namespaces/<ns>/events`` (409 when the name is taken, 422
-  without ``reason``, ``action``, ``regarding``, ``eventTime`` or a reporting controller and
-  instance, with a field past the API's bound or a type but Normal and Warning, or about a
-  cluster-scoped object in a namespace but default and kube-system, as the API validates
-  Events), and
-  ``PATCH .../events/<name>`` with a JSON merge patch (404 when there is none);
 - the same with ``watch=true``: a watch, as kube-apiserver serves it. Its events
   (``{"type": "ADDED" | "MODIFIED" | "DELETED" | "ERROR", "object": ...}``, one
   JSON object a line, in chunks as they happen) follow ``resourceVersion``: none
@@ -29,6 +23,8 @@
   matching the selector is DELETED from the watch, one that starts is ADDED;
   ``timeoutSeconds`` ends the watch, and ``Accept: ...;as=PartialObjectMetadata;
   ...`` sends the nodes' metadata alone.
+
+Events, which the node agent writes about its Node: tests/fake_events.py.
 """
 
 from __future__ import annotations
@@ -45,29 +41,22 @@ from typing import Any, NamedTuple
 import jsonpatch
 import jsonpointer
 
-from tests.fake_kube_api import ApiError, FakeKubeApi, Streamed, conflict, json_body
+from tests.fake_events import ServesEvents
+from tests.fake_kube_api import (
+    MERGE_PATCH,
+    ApiError,
+    Streamed,
+    conflict,
+    json_body,
+    merge_patch,
+)
 
 NODE_AGENT = "system:serviceaccount:vcuda-system:vcuda-node"
 JSON_PATCH = "application/json-patch+json"
-MERGE_PATCH = "application/merge-patch+json"
 _NODE = re.compile(r"/api/v1/nodes/([^/]+)(/status)?")
 _NODES = "/api/v1/nodes/"
-_EVENTS = re.compile(r"/apis/events\.k8s\.io/v1/namespaces/([^/]+)/events(?:/([^/]+))?")
 _METADATA_ONLY = re.compile(r"as=PartialObjectMetadata(;|,|$)")
 WATCH_WINDOW = 1000  # node writes a watch can start after (the API server's watch cache)
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: objects merge member by member, null removes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
 
 
 class _Write(NamedTuple):
@@ -80,7 +69,7 @@ class _Write(NamedTuple):
     after: dict[str, Any] | None  # None: deleted
 
 
-class FakeNodesApi(FakeKubeApi):
+class FakeNodesApi(ServesEvents):
     """The fake API server serving nodes and their status."""
 
     def __init__(self, keep_alive: bool = False, subject: str = NODE_AGENT) -> None:
@@ -133,9 +122,6 @@ class FakeNodesApi(FakeKubeApi):
                 return 200, self._watch_nodes()
             self.authorize("list", "", "nodes", None, None)
             return 200, self._list_nodes()
-        events = _EVENTS.fullmatch(path)
-        if events is not None:
-            return self._event(method, path, content_type, body, *events.groups())
         match = _NODE.fullmatch(path)
         if match is None:
             return super().route(method, path, content_type, body)
@@ -150,52 +136,6 @@ class FakeNodesApi(FakeKubeApi):
         if method == "PATCH":
             self.authorize("patch", "", "nodes", None, name)
             return 200, self._merge_node(item, name, content_type, body)
-        raise ApiError(405, "MethodNotAllowed", "not implemented by this test server")
-
-    def events(self) -> list[dict[str, Any]]:
-        """The Events stored, oldest first."""
-        with self.lock:
-            return [copy.deepcopy(o) for p, o in self.objects.items() if "/events/" in p]
-
-    def _event(self, method: str, path: str, content_type: str, body: bytes, namespace: str,
-               name: str | None) -> tuple[int, dict[str, Any]]:
-        if method == "POST" and name is None:
-            self.authorize("create", "events.k8s.io", "events", namespace, None)
-            created = json_body(body)
-            name = (created.get("metadata") or {}).get("name") or ""
-            missing = [f for f in ("reason", "action", "regarding", "eventTime",
-                                   "reportingController", "reportingInstance")
-                       if not created.get(f)]
-            if missing or not name:
-                raise ApiError(422, "Invalid", f"Event {name!r} is invalid: "
-                               + ", ".join(missing or ["metadata.name"]) + ": Required value")
-            too_long = [f for f, most in (("reason", 128), ("action", 128), ("note", 1024),
-                                          ("reportingInstance", 128))
-                        if len(str(created.get(f, "")).encode()) > most]
-            if too_long or created.get("type") not in ("Normal", "Warning"):
-                raise ApiError(422, "Invalid", f'Event "{name}" is invalid: '
-                               + ", ".join(too_long or ["type"]) + ": Invalid value")
-            if not created["regarding"].get("namespace") and namespace not in (
-                    "default", "kube-system"):
-                raise ApiError(422, "Invalid", f'Event "{name}" is invalid: involvedObject.'
-                               'namespace: Invalid value: "": does not match event.namespace')
-            item = f"{path}/{name}"
-            with self.lock:
-                if item in self.objects:
-                    raise ApiError(409, "AlreadyExists", f'events.events.k8s.io "{name}" '
-                                   "already exists")
-                created["metadata"]["namespace"] = namespace
-                self.store(item, created)
-                return 201, copy.deepcopy(self.objects[item])
-        if method == "PATCH" and name is not None:
-            self.authorize("patch", "events.k8s.io", "events", namespace, name)
-            if content_type.split(";")[0].strip() != MERGE_PATCH:
-                raise ApiError(415, "UnsupportedMediaType",
-                               f"this test server implements only {MERGE_PATCH} for Events")
-            with self.lock:
-                current = self.read(path, "events.events.k8s.io", name)
-                self.store(path, merge_patch(current, json_body(body)))
-                return 200, copy.deepcopy(self.objects[path])
         raise ApiError(405, "MethodNotAllowed", "not implemented by this test server")
 
     def _patch_status(self, path: str, name: str, content_type: str,

@@ -29,6 +29,7 @@ class DraApi:
             connection = api_client(kubeconfig)
         except CredentialsError as exc:
             raise DraApiError(str(exc), exc.fix) from None
+        self.client = connection  # shared with the node's Event recorder
         self._api = client.ResourceV1Api(connection)
         self._core = client.CoreV1Api(connection)
 
