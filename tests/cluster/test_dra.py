@@ -138,6 +138,18 @@ def test_the_agents_resourceslice_is_accepted_by_the_apiserver_as_written(dra: C
 
 
 
+def test_the_agent_tells_its_node_of_its_gpus_as_on_the_other_paths(dra: Cluster) -> None:
+    """The node agent's Events reach the Node on the DRA path too, through the DRA install's
+    RBAC and the real events API (each mode's cluster starts empty: this is the DRA agent's)."""
+    listed = dra.get("events", "-n", "default", "--field-selector",
+                     f"involvedObject.kind=Node,involvedObject.name={p.NODE},"
+                     "reason=GPUInventoryChanged")["items"]
+    assert [(event["type"], event["reportingComponent"]) for event in listed] == [
+        ("Normal", "vcuda.io/node-agent")]
+    assert listed[0]["message"].startswith(
+        f"the GPUs the hook may give containers are now {len(GPUS_MIB)}: 0: ")
+
+
 def test_the_slice_policy_holds_the_agents_token_to_its_own_nodes_slice(dra: Cluster) -> None:
     """With the agent's pod-bound token (the node's name in it, as the real apiserver adds
     it) a slice of another node is refused; a token bound to no pod names no node."""
@@ -223,6 +235,33 @@ def test_kubelet_has_the_agent_prepare_a_claim_and_unprepare_it_after_the_pod(
     _until(lambda: any(e["uid"] == uid for e in _agent_events(cluster, "claim_unprepared")),
            "kubelet did not have the claim unprepared")
     assert not any(path.exists() for path in _claim_files(cluster, uid))
+
+
+def test_a_claims_config_for_vcuda_reaches_its_allocation_and_the_node_agent(
+        templates: Cluster) -> None:
+    """The example's ShareConfig asking for virtual memory: the real apiserver takes it, the
+    real scheduler copies it into the allocation, and the agent reads it at prepare. This
+    node's agent does not scale memory, so the agent says so and the limit is all device
+    memory (tests/dra/test_share_config.py: the split on a scaling node)."""
+    cluster = templates
+    _create(cluster, _pod("virtual", "vcuda-30-10gi-virtual"))
+    try:
+        p.wait_running(cluster, "virtual")
+        claim = _claim(cluster, "virtual")
+        [config] = claim["status"]["allocation"]["devices"]["config"]
+        # 1.37.2 copies the claim's config without its requests ("all of them"), which
+        # names the one request here just as well.
+        assert config.get("requests", ["gpu"]) == ["gpu"]
+        assert (config["source"], config["opaque"]) == ("FromClaim", {
+            "driver": "vcuda.io", "parameters": {"apiVersion": "vcuda.io/v1alpha1",
+                                                 "kind": "ShareConfig", "virtualMemory": True}})
+        limits = _limits(cluster, "virtual")
+        assert (limits.memory, limits.virtual_memory) == (10 * GIB, 0)
+        name = f"default/{claim['metadata']['name']}"
+        assert any(e["claim"] == name for e in _agent_events(cluster,
+                                                              "claim_virtual_memory_refused"))
+    finally:
+        _delete(cluster, "virtual")
 
 
 def _restart(component: str) -> None:

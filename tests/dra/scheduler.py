@@ -13,7 +13,8 @@ value. A device without ``allowMultipleAllocations`` is allocated once, whole.
 
 :class:`Allocator` allocates claims first-fit over the slices and writes
 their ``status.allocation`` as the scheduler does (``consumedCapacity``,
-``shareID``), so tests get claims the way kubelet's plugin reads them.
+``shareID``, the claim's ``config`` marked ``FromClaim``), so tests get claims the way
+kubelet's plugin reads them.
 """
 
 from __future__ import annotations
@@ -122,7 +123,12 @@ class Allocator:
                     result["shareID"] = str(uuid.uuid4())
                     result["consumedCapacity"] = {n: _quantity(a) for n, a in amounts.items()}
                 results.append(result)
-        claim["status"] = {"allocation": {"devices": {"results": results}}}
+        devices: dict[str, Any] = {"results": results}
+        config = [{"source": "FromClaim", **entry}
+                  for entry in claim["spec"]["devices"].get("config") or []]
+        if config:  # the claim's own config, as the scheduler copies it (no class config here)
+            devices["config"] = config
+        claim["status"] = {"allocation": {"devices": devices}}
         return True
 
     def release(self, claim: Mapping[str, Any]) -> None:

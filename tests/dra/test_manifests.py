@@ -138,6 +138,7 @@ def test_the_example_templates_allocate_what_they_say_on_an_h100() -> None:
         "vcuda-30-10gi": {"cores": "30", "memory": "10Gi"},
         "vcuda-whole-gpu": {"cores": "100", "memory": "80Gi"},
         "vcuda-50-20gi-hopper": {"cores": "50", "memory": "20Gi"},
+        "vcuda-30-10gi-virtual": {"cores": "30", "memory": "10Gi"},
     }
 
 

@@ -60,7 +60,7 @@ class Driver:
         paths = Paths(host_root=host_root, state_dir=state_dir, cdi_dir=settings.cdi_dir,
                       library=settings.library, account_mib=settings.account_mib)
         self._preparer = Preparer(paths, pool=node, sharing=sharing,
-                                  gpu_kind=settings.gpu_cdi_kind)
+                                  gpu_kind=settings.gpu_cdi_kind, log=log)
         self.plugin = KubeletPlugin(self._preparer, api.claim, host_root, settings.kubelet_dir,
                                     log, on_registered=self._republish)
 

@@ -15,6 +15,7 @@ then the record, and succeeds when there is nothing left to remove.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import Counter
 from collections.abc import Mapping
@@ -27,8 +28,10 @@ from runtime_hook.limits_decision import Request, overcommit
 from runtime_hook.node import cdi_files
 from runtime_hook.node.dra import cdi
 from runtime_hook.node.dra.allocation import Share, claim_name, shares
+from runtime_hook.node.dra.share_config import virtual_memory_asked
 from runtime_hook.node.dra.slices import device_name, memory_capacity
 from runtime_hook.node.host_root import host_path
+from runtime_hook.node.logs import event
 from runtime_hook.node_state import ACCOUNT_DIR, CLAIM_OWNER_PID, StateDir
 from runtime_hook.record import Record
 
@@ -73,7 +76,9 @@ class Preparer:
     """Prepares claims allocated from ``pool`` (this node's), under the node's ``sharing``."""
 
     def __init__(self, paths: Paths, pool: str, sharing: contract.Sharing,
-                 gpu_kind: str = cdi.NVIDIA_KIND) -> None:
+                 gpu_kind: str = cdi.NVIDIA_KIND,
+                 log: logging.Logger | None = None) -> None:
+        self._log = log or logging.getLogger("vcuda-node")
         self._paths = paths
         self._pool = pool
         self._sharing = sharing
@@ -96,9 +101,10 @@ class Preparer:
         if not found:
             return []
         limited = not found[0].whole
+        in_host = self._virtual_memory(claim, found) if limited else 0
         # Under the ledger's lock: an unprepare of the same claim sees both or neither.
         with self._state.locked(LOCK_TIMEOUT):
-            self._commit(uid, claim, found, inventory)
+            self._commit(uid, claim, found, inventory, in_host)
             if limited:
                 record = StateDir(self._paths.state_dir).container_dir(RECORD_PREFIX + uid)
                 cdi_files.write(self._spec_path(uid), cdi.spec(uid, record, self._paths.library))
@@ -128,8 +134,25 @@ class Preparer:
 
     # --- the ledger -------------------------------------------------------------------------
 
+    def _virtual_memory(self, claim: Mapping[str, Any], found: list[Share]) -> int:
+        """The bytes of each share's memory that may live in host memory: the claim's config
+        asks for virtual memory, and this node scales memory (as the hook gives a pod
+        annotated vcuda.io/virtual-memory)."""
+        if not virtual_memory_asked(claim, [share.request for share in found]):
+            return 0
+        in_host = self._sharing.virtual_memory(found[0].memory)
+        if in_host:
+            event(self._log, logging.INFO, "claim_virtual_memory", claim=claim_name(claim),
+                  memory=found[0].memory, in_host_at_most=in_host)
+        else:
+            event(self._log, logging.WARNING, "claim_virtual_memory_refused",
+                  claim=claim_name(claim),
+                  reason="the claim asks for virtual memory, but this node does not scale "
+                         "memory (--memory-scaling 1): all of its memory is device memory")
+        return in_host
+
     def _commit(self, uid: str, claim: Mapping[str, Any], found: list[Share],
-                inventory: Mapping[str, contract.Gpu]) -> None:
+                inventory: Mapping[str, contract.Gpu], in_host: int) -> None:
         """Make the claim's ledger record complete: found as it is, or committed now (hold
         the lock)."""
         first = found[0]
@@ -163,14 +186,14 @@ class Preparer:
             raise PrepareError(f"claim {claim_name(claim)}: {reason}", _FIX_OVERCOMMIT)
         ledger.commit(self._state, entry)
         try:
-            self._fill(record, entry)
+            self._fill(record, entry, in_host)
         except BaseException:
             self._state.release(entry.container_id)
             raise
 
-    def _fill(self, record: str, entry: ledger.Entry) -> None:
+    def _fill(self, record: str, entry: ledger.Entry, in_host: int) -> None:
         limits = contract.Limits(memory=entry.memory, cores=entry.cores, devices=entry.devices,
-                                 account=contract.ACCOUNT_PATH)
+                                 account=contract.ACCOUNT_PATH, virtual_memory=in_host)
         write_record_files(record, contract.render_limits(limits), self._paths.account_mib,
                            preload=inject.merge_preload(b"").decode())
 
