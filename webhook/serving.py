@@ -61,8 +61,13 @@ class Guards:
         max_buffered: bytes of request bodies held at once over all connections
             (a body counts twice: its chunks and the joined copy).
         handshake_timeout: seconds for a TLS handshake.
-        head_timeout: seconds for a request's head to arrive after connecting or
-            after the previous answer; an idle kept-alive connection is closed then.
+        head_timeout: seconds for a new connection's first request head to arrive.
+        idle_timeout: seconds a kept-alive connection may wait for its next request after an
+            answer. Longer than the 90 s for which the Go clients that call vcuda
+            (kube-apiserver, kube-scheduler) keep an idle connection, so that they close it
+            first: a server that closes first races the client's next POST on it, which Go
+            does not retry (on the real cluster, 1 review in 2,288 failed with EOF). A
+            client can hold a connection no longer than by reconnecting every head_timeout.
         body_timeout: seconds for a request's whole body to arrive.
     """
 
@@ -70,6 +75,7 @@ class Guards:
     max_buffered: int = 32 << 20
     handshake_timeout: float = 5.0
     head_timeout: float = 10.0
+    idle_timeout: float = 120.0
     body_timeout: float = 10.0
 
 
@@ -92,6 +98,7 @@ class _GuardedServer(web.Server):
         super().__init__(dispatch, **kwargs)
         # When each connection last had no request in hand; None while one is handled.
         self.idle_since: dict[RequestHandler, float | None] = {}
+        self.answered: set[RequestHandler] = set()  # kept alive after an answer
         # Accepted, and not yet made (a TLS connection is made once its handshake is done).
         self.accepted: set[RequestHandler] = set()
         self._made = 0  # made and not yet lost
@@ -110,6 +117,7 @@ class _GuardedServer(web.Server):
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         self._made -= 1
         self.idle_since.pop(handler, None)
+        self.answered.discard(handler)
         super().connection_lost(handler, exc)
 
 
@@ -244,8 +252,8 @@ class Serving:
         self._server = _GuardedServer(
             self._guarded, request_factory=make_request,
             access_log=None, auto_decompress=False, max_headers=32, lingering_time=1.0,
-            # A backstop: the head deadline closes idle connections first, and counts them.
-            keepalive_timeout=2 * self._guards.head_timeout + 1)
+            # A backstop: the head and idle deadlines close idle connections first.
+            keepalive_timeout=2 * max(self._guards.head_timeout, self._guards.idle_timeout) + 1)
         self._runner = web.ServerRunner(self._server, shutdown_timeout=10)
         await self._runner.setup()
         context = self._certificates.context if self._certificates else None
@@ -332,22 +340,31 @@ class Serving:
                 _LIBC.trim()
             if request.protocol in idle:
                 idle[request.protocol] = monotonic()
+                if self._server is not None:
+                    self._server.answered.add(request.protocol)
 
     async def _close_slow_heads(self) -> None:
-        """Close connections that sent no whole request head within ``head_timeout``."""
-        timeout = self._guards.head_timeout
+        """Close new connections that sent no whole request head within ``head_timeout`` (a
+        guard: counted and logged), and kept-alive ones idle for ``idle_timeout`` (their
+        end of life: neither)."""
+        head, idle = self._guards.head_timeout, self._guards.idle_timeout
         while True:
-            await asyncio.sleep(min(timeout / 4, 1.0))
+            await asyncio.sleep(min(head / 4, 1.0))
             assert self._server is not None
             now = monotonic()
             for handler, since in list(self._server.idle_since.items()):
-                if since is not None and now - since > timeout and handler.transport:
-                    del self._server.idle_since[handler]
-                    self.closed["head_timeout"] += 1
-                    handler.transport.close()
-                    if self._log is not None:
-                        self._log.warning("connection_closed", reason="head_timeout",
-                                          peer=_peer(handler.transport), seconds=timeout)
+                kept = handler in self._server.answered
+                if since is None or now - since <= (idle if kept else head) \
+                        or not handler.transport:
+                    continue
+                del self._server.idle_since[handler]
+                handler.transport.close()
+                if kept:
+                    continue
+                self.closed["head_timeout"] += 1
+                if self._log is not None:
+                    self._log.warning("connection_closed", reason="head_timeout",
+                                      peer=_peer(handler.transport), seconds=head)
 
     def _note_closed(self, reason: str, request: web.BaseRequest) -> None:
         self.closed[reason] += 1

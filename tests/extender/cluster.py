@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 CORE_KEYS = ("docker.com/vcuda-core", "tencent.com/vcuda-core")
 NOW = 1_800_000_000.0
-IDLE_SECONDS = 5.0  # a kept-alive connection idle longer is not reused (the server's limit: 10)
+IDLE_SECONDS = 5.0  # a kept-alive connection idle longer is not reused (the server keeps
+# one 120 s, as kube-scheduler's 90 s pool expects)
 
 
 def gpu_uuid(node: str, index: int) -> str:
