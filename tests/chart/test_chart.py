@@ -5,6 +5,7 @@ scripts/build-helm built from its Go module."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -15,25 +16,17 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy.manifests import PATHS, ROOT, kustomize, needs_kubectl
+from tests.deploy.manifests import PATHS, kustomize, needs_kubectl
+from tests.helm import CHART, helm_binary
 
-REPO = ROOT.parent
-CHART = REPO / "charts" / "vcuda"
 VERSIONS = [f"1.{minor}.0" for minor in range(30, 38)]  # where kubernetes-validate has schemas
 HELM_LABELS = ("app.kubernetes.io/managed-by", "helm.sh/chart")
-
-
-def _helm() -> str:
-    built = subprocess.run([str(REPO / "scripts" / "build-helm"), "--print"],
-                           capture_output=True, text=True, check=False)
-    if built.returncode != 0:
-        pytest.skip("helm is not built here: run scripts/build-helm (needs Go)")
-    return built.stdout.strip().splitlines()[-1]
+CONFIG_HASH = "vcuda.io/config-sha256"  # on the webhook's pods: an upgrade of it rolls them
 
 
 def _template(*flags: str, version: str = "1.33.4",
               namespace: str = "vcuda-system") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([_helm(), "template", "vcuda", str(CHART), "-n", namespace,
+    return subprocess.run([helm_binary(), "template", "vcuda", str(CHART), "-n", namespace,
                            "--kube-version", version, *flags],
                           capture_output=True, text=True, timeout=120, check=False)
 
@@ -51,7 +44,7 @@ def _path_flags(path: str) -> list[str]:
 
 
 def test_the_chart_lints() -> None:
-    linted = subprocess.run([_helm(), "lint", str(CHART), "--kube-version", "1.33.0"],
+    linted = subprocess.run([helm_binary(), "lint", str(CHART), "--kube-version", "1.33.0"],
                             capture_output=True, text=True, timeout=120, check=False)
     assert linted.returncode == 0, linted.stdout + linted.stderr
 
@@ -86,11 +79,16 @@ def test_the_charts_files_are_what_the_kustomize_manifests_build_now() -> None:
 
 def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` without what only Helm adds: its labels, the revision in the certificate Job's
-    name; the webhook's settings as their JSON values."""
+    name, the hash of the webhook's settings on its pods; those settings as JSON values."""
     obj = json.loads(json.dumps(obj))
     labels = obj["metadata"].get("labels", {})
     for label in HELM_LABELS:
         labels.pop(label, None)
+    if obj["kind"] == "Deployment":
+        template = obj["spec"]["template"]["metadata"]
+        template.get("annotations", {}).pop(CONFIG_HASH, None)
+        if template.get("annotations") == {}:
+            del template["annotations"]
     name, _, revision = obj["metadata"]["name"].rpartition("-")
     if obj["kind"] == "Job" and revision.isdigit():
         obj["metadata"]["name"] = name
@@ -155,6 +153,21 @@ def test_the_webhooks_settings_come_from_the_values() -> None:
 def _webhook_policies(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o for o in objects
             if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "vcuda-webhook"]
+
+
+def test_a_change_of_the_webhooks_settings_rolls_its_pods() -> None:
+    """The webhook reads its settings at start: its pods carry their hash, so that
+    ``helm upgrade`` with other settings replaces them (tests/cluster/test_helm.py runs it)."""
+    hashes = []
+    for flags in ([], ["--set", "maxGpuMemory=8Gi"]):
+        objects = _objects(*flags)
+        [config] = [o for o in objects if o["kind"] == "ConfigMap"
+                    and o["metadata"]["name"] == "vcuda-webhook-config"]
+        [webhook] = [o for o in objects if o["kind"] == "Deployment"
+                     and o["metadata"]["name"] == "vcuda-webhook"]
+        hashes.append(webhook["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH])
+        assert hashes[-1] == hashlib.sha256(config["data"]["config.json"].encode()).hexdigest()
+    assert hashes[0] != hashes[1]
 
 
 def test_the_webhooks_network_policy_is_off_by_default_and_takes_the_peers_given() -> None:
