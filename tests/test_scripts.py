@@ -240,3 +240,4 @@ def test_the_benchmarks_tell_how_many_processes_waited_for_the_bucket_and_how_lo
     assert processes_that_waited([(11, 0.1), (0, 0.0), (246, 0.546)]) == (
         "2 of 3, 0.100-0.546 s in all")
     assert processes_that_waited([(0, 0.0), (0, 0.0)]) == "0 of 2"
+

@@ -1,10 +1,11 @@
 """``scripts/cluster``'s refusals, which need no cluster: a mode it cannot install, and a
-restart of a component that is not running; and an ``up`` after a cluster that was killed
-without ``down``, with two clusters of its own."""
+restart of a component that is not running; an ``up`` after a cluster that was killed
+without ``down``, with two clusters of its own; and the feature gates each release gets."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.vcuda import REPO
+from tests.test_scripts import script
 
 
 def _cluster(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -98,3 +100,17 @@ def test_up_refuses_while_another_program_listens_on_etcds_port(tmp_path: Path) 
         1, "cluster: something else listens on port 2379, which the apiserver and etcd need: "
            "stop it first")
     assert not Path("/sys/class/net/vcuda0").exists()
+
+
+@pytest.mark.parametrize(("release", "flags"), [
+    ("1.30.14", []), ("1.33.4", []),
+    ("1.34.4", ["--feature-gates=DRAConsumableCapacity=true"]),
+    ("1.35.0", ["--feature-gates=DRAConsumableCapacity=true"]),
+    ("1.36.1", []), ("1.37.2", []),  # beta and on by default
+])
+def test_the_test_cluster_turns_on_consumable_capacity_where_it_is_off_by_default(
+        release: str, flags: list[str]) -> None:
+    cluster = script("cluster")
+    assert cluster._gate_flags(release) == flags
+    kubelet = json.loads(cluster._kubelet_config(Path("/pki"), release))
+    assert kubelet.get("featureGates", {}) == ({"DRAConsumableCapacity": True} if flags else {})
