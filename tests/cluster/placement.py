@@ -109,6 +109,13 @@ def gpus(cluster: Cluster) -> tuple[Gpu, ...]:
                         key=lambda gpu: gpu.index))
 
 
+def node_events(cluster: Cluster, reason: str) -> list[dict]:
+    """The test node's Events of ``reason``, as the API lists them."""
+    return cluster.get("events", "-n", "default", "--field-selector",
+                       f"involvedObject.kind=Node,involvedObject.name={NODE},"
+                       f"reason={reason}")["items"]
+
+
 def ledger(cluster: Cluster) -> dict[str, Entry]:
     """The node's GPU ledger, by pod uid."""
     annotations = cluster.get("node", NODE)["metadata"]["annotations"]

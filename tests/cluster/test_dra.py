@@ -141,9 +141,7 @@ def test_the_agents_resourceslice_is_accepted_by_the_apiserver_as_written(dra: C
 def test_the_agent_tells_its_node_of_its_gpus_as_on_the_other_paths(dra: Cluster) -> None:
     """The node agent's Events reach the Node on the DRA path too, through the DRA install's
     RBAC and the real events API (each mode's cluster starts empty: this is the DRA agent's)."""
-    listed = dra.get("events", "-n", "default", "--field-selector",
-                     f"involvedObject.kind=Node,involvedObject.name={p.NODE},"
-                     "reason=GPUInventoryChanged")["items"]
+    listed = p.node_events(dra, "GPUInventoryChanged")
     assert [(event["type"], event["reportingComponent"]) for event in listed] == [
         ("Normal", "vcuda.io/node-agent")]
     assert listed[0]["message"].startswith(

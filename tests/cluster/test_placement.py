@@ -217,18 +217,12 @@ def test_the_node_agent_restarted_keeps_running_containers_and_places_new_pods(
         p.delete(placement, "big", "after")
 
 
-def _node_events(cluster: Cluster, reason: str) -> list[dict]:
-    return cluster.get("events", "-n", "default", "--field-selector",
-                       f"involvedObject.kind=Node,involvedObject.name={p.NODE},"
-                       f"reason={reason}")["items"]
-
-
 def _node_warning(cluster: Cluster, reason: str, seen: set[str], timeout: float) -> dict | None:
     """A new Event of ``reason`` on the test node (none of ``seen``), once there is one; None
     after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        new = [event for event in _node_events(cluster, reason)
+        new = [event for event in p.node_events(cluster, reason)
                if event["metadata"]["name"] not in seen]
         if new or time.monotonic() > deadline:
             return new[0] if new else None
@@ -248,7 +242,7 @@ def test_a_node_whose_inventory_cannot_be_read_gets_the_extenders_warning_and_it
     garbling is tried again."""
     image = placement.vcuda_image()
     seen = {event["metadata"]["name"]
-            for event in _node_events(placement, "GPUInventoryUnreadable")}
+            for event in p.node_events(placement, "GPUInventoryUnreadable")}
     try:
         for _ in range(3):
             _inventory_garbled(placement)

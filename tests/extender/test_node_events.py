@@ -22,10 +22,12 @@ from tests.extender.cluster import (
     node_object,
     pod_object,
 )
-from tests.extender.test_nodes import EXTENDER_ACCOUNT, events
+from tests.extender.test_nodes import EXTENDER_ACCOUNT
 from tests.fake_cluster_api import FakeClusterApi
-from tests.fake_kube_api import rules_from_manifests
+from tests.fake_kube_api import Rule, rules_from_manifests
+from tests.json_log import written_entries
 
+RBAC = ROOT / "manifests" / "placement" / "component" / "extender-rbac.yaml"
 STALE_NOTE = ("the vcuda node agent has not published this node's GPUs for over 120 s, so no "
               "vcuda pod is placed here: check its vcuda-node pod")
 
@@ -38,6 +40,10 @@ def _written(api: FakeClusterApi, count: int = 1, timeout: float = 10.0) -> list
         assert time.monotonic() < deadline, f"{len(stored)} Events, not {count}: {stored}"
         time.sleep(0.01)
     return stored
+
+
+def _shipped_rules() -> list[Rule]:
+    return rules_from_manifests(list(yaml.safe_load_all(RBAC.read_text())), EXTENDER_ACCOUNT)
 
 
 def _pods(api: FakeClusterApi, count: int) -> list[dict[str, Any]]:
@@ -93,9 +99,7 @@ def test_a_missing_or_unreadable_inventory_is_its_own_warning_and_a_plain_node_g
 
 def test_the_shipped_rbac_lets_the_extender_record_its_events(
         api: FakeClusterApi, extender: RunningExtender) -> None:
-    documents = list(yaml.safe_load_all(
-        (ROOT / "manifests" / "placement" / "component" / "extender-rbac.yaml").read_text()))
-    api.rules = rules_from_manifests(documents, EXTENDER_ACCOUNT)
+    api.rules = _shipped_rules()
     add(api, node_object("stale", [16 * GIB], heartbeat=NOW - 600))
     [pod] = _pods(api, 1)
     filtered(extender, api, pod, ["stale"])
@@ -109,15 +113,14 @@ def test_an_event_the_api_forbids_is_logged_with_the_fix_and_filter_answers_anyw
     extender = RunningExtender(api, log)
     try:
         extender.sync(api)
-        api.rules = [rule for rule in rules_from_manifests(list(yaml.safe_load_all(
-            (ROOT / "manifests" / "placement" / "component" / "extender-rbac.yaml")
-            .read_text())), EXTENDER_ACCOUNT) if "events" not in rule.resources]
+        api.rules = [rule for rule in _shipped_rules() if "events" not in rule.resources]
         [pod] = _pods(api, 1)
         result = filtered(extender, api, pod, ["stale"])
         assert result["FailedAndUnresolvableNodes"]["stale"].startswith(
             "the vcuda node agent last published this node's GPUs 600 s ago")
         deadline = time.monotonic() + 10
-        while not (refused := events(log, "event_not_recorded")):
+        while not (refused := [entry for entry in written_entries(log)
+                               if entry["event"] == "event_not_recorded"]):
             assert time.monotonic() < deadline, "the refusal was not logged"
             time.sleep(0.01)
         assert (refused[0]["reason"], refused[0]["node"], refused[0]["status"],

@@ -44,7 +44,7 @@ class Share(Record):
 
 def claim_name(claim: Mapping[str, Any]) -> str:
     """``namespace/name`` of a claim object, for messages."""
-    metadata = _object(claim.get("metadata"))
+    metadata = as_object(claim.get("metadata"))
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
 
 
@@ -57,11 +57,11 @@ def shares(claim: Mapping[str, Any], pool: str,
     capacity (above 100 with compute overcommit). Raise AllocationError when the
     allocation is missing, malformed, or names what this node does not offer.
     """
-    allocation = _object(claim.get("status")).get("allocation")
+    allocation = as_object(claim.get("status")).get("allocation")
     if not allocation:
         raise AllocationError(f"claim {claim_name(claim)} has no allocation yet",
                               "wait: kubelet prepares a claim once it is allocated")
-    results = _object(_object(allocation).get("devices")).get("results") or []
+    results = as_object(as_object(allocation).get("devices")).get("results") or []
     if not isinstance(results, list) or not all(isinstance(r, Mapping) for r in results):
         raise AllocationError(f"claim {claim_name(claim)}: its allocation's results are not "
                               "a list of objects")
@@ -75,7 +75,7 @@ def shares(claim: Mapping[str, Any], pool: str,
     return found
 
 
-def _object(value: Any) -> Mapping[str, Any]:
+def as_object(value: Any) -> Mapping[str, Any]:
     """``value`` when it is an object; an empty one when it is absent or not an object (the
     caller then finds the field it wants missing and says so)."""
     return value if isinstance(value, Mapping) else {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from runtime_hook.node.dra.allocation import AllocationError, claim_name
+from runtime_hook.node.dra.allocation import AllocationError, as_object, claim_name
 from runtime_hook.node.dra.slices import DRIVER
 
 API_VERSION = "vcuda.io/v1alpha1"
@@ -31,12 +31,12 @@ def virtual_memory_asked(claim: Mapping[str, Any], requests: Collection[str]) ->
     """Whether the claim's config for vcuda.io asks for virtual memory on its shares of
     ``requests`` (the last entry that says so decides, as later configs take precedence);
     raise AllocationError for parameters vcuda cannot read."""
-    allocation = _object(_object(claim.get("status")).get("allocation"))
-    configs = _object(allocation.get("devices")).get("config") or []
+    allocation = as_object(as_object(claim.get("status")).get("allocation"))
+    configs = as_object(allocation.get("devices")).get("config") or []
     asked = False
-    for config in configs if isinstance(configs, list) else []:
-        opaque = _object(_object(config).get("opaque"))
-        applies = _object(config).get("requests") or []
+    for config in map(as_object, configs if isinstance(configs, list) else []):
+        opaque = as_object(config.get("opaque"))
+        applies = config.get("requests") or []
         if opaque.get("driver") != DRIVER or (applies and not set(applies) & set(requests)):
             continue
         asked = _virtual_memory(opaque.get("parameters"), claim, asked)
@@ -62,6 +62,3 @@ def _virtual_memory(parameters: Any, claim: Mapping[str, Any], asked: bool) -> b
                               _FIX)
     return value
 
-
-def _object(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
