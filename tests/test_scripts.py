@@ -65,6 +65,8 @@ COUNTS = [
     ("bench-placement", "--nodes"),
     ("bench-placement", "--calls"),
     ("bench-placement", "--binds"),
+    ("bench-scheduling", "--creates"),
+    ("bench-scheduling", "--burst"),
     ("bench-shim-overhead", "--rounds"),
     ("bench-shim-overhead", "--launches"),
     ("bench-shim-overhead", "--pairs"),
@@ -107,6 +109,18 @@ def test_paced_windows_must_leave_part_of_each_window_counted() -> None:
          "--settle", "0.2"], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2 and result.stdout == ""
     assert "--settle 0.2 leaves nothing of a 0.2 s window" in result.stderr
+
+
+@pytest.mark.parametrize(("flag", "value", "words"), [
+    ("--nodes", "1000,100", "give growing node counts, e.g. 100,1000"),
+    ("--nodes", "0", "give growing node counts"),
+    ("--nodes", "many", "give growing node counts"),
+    ("--paths", "extender,fast", "unknown path fast: choose from extender, totals, extender-x2, "
+                                 "dra"),
+])
+def test_the_scheduling_benchmark_refuses_what_it_cannot_run(flag: str, value: str,
+                                                             words: str) -> None:
+    assert words in refusal("bench-scheduling", flag, value)
 
 
 def windows(paced: list[float], unpaced: list[float], step_ms: float | None = 0.5) -> dict:

@@ -120,6 +120,9 @@ class Kube:
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return _decoded(await self._call("POST", path, body, "application/json"))
 
+    async def delete(self, path: str) -> dict[str, Any]:
+        return _decoded(await self._call("DELETE", path, None, None))
+
     async def lines(self, path: str, accept: str | None = None,
                     idle: float = 60.0) -> AsyncGenerator[bytes, None]:
         """GET ``path`` and yield its answer line by line as it comes (a watch); raise

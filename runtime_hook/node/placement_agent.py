@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from runtime_hook.contract import (
@@ -30,6 +30,7 @@ from runtime_hook.node.device_plugin import (
 )
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.placement import (
+    Entry,
     PlacementError,
     decode_ledger,
     encode_inventory,
@@ -39,6 +40,17 @@ from runtime_hook.placement import (
 RESOURCES = (SHARED_RESOURCE, WHOLE_RESOURCE)
 LEDGER_GRACE = 60.0  # seconds a line may wait for its pod's Binding before it is pruned
 _ENDED = ("Succeeded", "Failed")
+
+
+def ended_lines(ledger: Mapping[str, Entry], pods: list[dict[str, Any]], now: float,
+                grace: float) -> list[str]:
+    """The pod UIDs of ``ledger`` to prune, given the ``pods`` bound to its node: those whose
+    pod ended, and those whose pod is not there although its line is older than ``grace``
+    seconds (a line is written just before its Binding)."""
+    found = {(p.get("metadata") or {}).get("uid"): p for p in pods}
+    return [uid for uid, entry in ledger.items()
+            if (uid in found and (found[uid].get("status") or {}).get("phase") in _ENDED)
+            or (uid not in found and now - entry.at > grace)]
 
 
 class Paths:
@@ -145,11 +157,7 @@ class Placement:
         if raw is None:
             return
         ledger = decode_ledger(raw)
-        pods = {(p.get("metadata") or {}).get("uid"): p for p in self._status.pods()}
-        now = self._clock()
-        gone = [uid for uid, entry in ledger.items()
-                if (uid in pods and (pods[uid].get("status") or {}).get("phase") in _ENDED)
-                or (uid not in pods and now - entry.at > self._ledger_grace)]
+        gone = ended_lines(ledger, self._status.pods(), self._clock(), self._ledger_grace)
         if not gone:
             return
         kept = {uid: entry for uid, entry in ledger.items() if uid not in gone}

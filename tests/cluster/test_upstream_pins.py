@@ -56,3 +56,13 @@ def test_a_malformed_flag_gets_the_usage(flag: list[str]) -> None:
     asked = subprocess.run([str(REPO / "scripts" / "build-upstream"), *flag],
                            capture_output=True, text=True, check=False)
     assert asked.returncode == 2 and asked.stderr.startswith("usage: scripts/build-upstream")
+
+
+def test_kwok_is_pinned_as_a_tool_and_its_build_takes_no_release() -> None:
+    go_mod = (REPO / "tests" / "cluster" / "kwok" / "go.mod").read_text()
+    assert re.search(r"^tool sigs\.k8s\.io/kwok/cmd/kwok$", go_mod, re.M)
+    assert re.search(r"^\tsigs\.k8s\.io/kwok v\d+\.\d+\.\d+ ", go_mod, re.M)
+    assert (REPO / "tests" / "cluster" / "kwok" / "go.sum").is_file()
+    asked = subprocess.run([str(REPO / "scripts" / "build-upstream"), "--kwok", "--version",
+                            "1.34"], capture_output=True, text=True, check=False)
+    assert asked.returncode == 2 and asked.stderr.startswith("usage: scripts/build-upstream")
