@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 from runtime_hook.contract import (
@@ -142,6 +142,23 @@ class NodeStatus:
             field_selector=f"spec.nodeName={self.node}", _preload_content=False))
         return json.loads(answer.data).get("items") or []
 
+    def pods_version(self) -> str:
+        """The resourceVersion of a list of the pods bound to this node (one item asked: the
+        version is the list's, whatever its length)."""
+        answer = self._call("list pods", lambda: self._api.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node}", limit=1, _preload_content=False))
+        return str((json.loads(answer.data).get("metadata") or {}).get("resourceVersion") or "")
+
+    def watch_pods(self, version: str,
+                   seconds: int) -> tuple[Generator[bytes, None, None], Callable[[], None]]:
+        """The lines of a watch of the pods bound to this node from ``version``, ended by the
+        API server after ``seconds``, and how to interrupt it from another thread."""
+        answer = self._call("watch pods", lambda: self._api.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node}", watch=True, resource_version=version,
+            allow_watch_bookmarks=True, timeout_seconds=seconds, _preload_content=False,
+            _request_timeout=(10, seconds + 60)))
+        return _lines(answer), answer.shutdown
+
     def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One pod, as JSON; None when it does not exist."""
         answer = self._call("get pods", lambda: self._api.read_namespaced_pod(
@@ -171,6 +188,21 @@ class NodeStatus:
                 from None
         except HTTPError as exc:
             raise AdvertiseError(f"cannot reach the API server to {what}: {exc}") from None
+
+
+def _lines(answer: Any) -> Generator[bytes, None, None]:
+    """The newline-ended lines of a streamed answer as they arrive; closed, it gives the
+    connection back."""
+    held = b""
+    try:
+        for chunk in answer.stream(amt=None, decode_content=True):
+            held += chunk
+            *lines, held = held.split(b"\n")
+            yield from lines
+        if held:
+            yield held
+    finally:
+        answer.release_conn()
 
 
 _CONFLICT, _MISSING = object(), object()  # what _call answers for a 409 or 404 it was told of

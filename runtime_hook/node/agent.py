@@ -189,6 +189,8 @@ def run(settings: Settings, log: logging.Logger, stop: threading.Event,
                             None if client is None else _recorder(client, settings.node, log))
     placement = _placement(settings, status, log) \
         if settings.placement and status is not None else None
+    if placement is not None:
+        placement.watch_ended_pods()
     if driver is not None:
         driver.start()
     try:

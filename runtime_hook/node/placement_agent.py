@@ -1,6 +1,7 @@
 """The node side of per-GPU placement, one pass at a time: publish the GPUs with a heartbeat,
 serve the device plugins, retire the slots of containers that are gone, and prune the ledger
-lines of pods that are gone.
+lines of pods that are gone. Between passes, a watch of the node's pods prunes the line of each
+pod that ends as it ends.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from runtime_hook.node.device_plugin import (
     first_generation,
     slots_per_gpu,
 )
+from runtime_hook.node.ended_pods import ENDED_PHASES, EndedPods
 from runtime_hook.node.logs import Problems, event
 from runtime_hook.placement import (
     Entry,
@@ -39,7 +41,7 @@ from runtime_hook.placement import (
 
 RESOURCES = (SHARED_RESOURCE, WHOLE_RESOURCE)
 LEDGER_GRACE = 60.0  # seconds a line may wait for its pod's Binding before it is pruned
-_ENDED = ("Succeeded", "Failed")
+PRUNE_BATCH = 0.2  # seconds the ends of a burst of pods are gathered into one ledger write
 
 
 def ended_lines(ledger: Mapping[str, Entry], pods: list[dict[str, Any]], now: float,
@@ -49,7 +51,7 @@ def ended_lines(ledger: Mapping[str, Entry], pods: list[dict[str, Any]], now: fl
     seconds (a line is written just before its Binding)."""
     found = {(p.get("metadata") or {}).get("uid"): p for p in pods}
     return [uid for uid, entry in ledger.items()
-            if (uid in found and (found[uid].get("status") or {}).get("phase") in _ENDED)
+            if (uid in found and (found[uid].get("status") or {}).get("phase") in ENDED_PHASES)
             or (uid not in found and now - entry.at > grace)]
 
 
@@ -74,7 +76,16 @@ class Placement:
         self._log = log
         self._clock = clock
         self.problems = Problems(log, "placement")
+        self._pruner_problems = Problems(log, "placement")  # of the pruner's thread
         self._present: set[str] = set()
+        self._ledger_lock = threading.Lock()  # one ledger write of this agent at a time
+        self._ended_lock = threading.Lock()
+        self._ended: set[str] = set()  # UIDs of pods seen to end whose line is not yet pruned
+        self._prune_soon = threading.Event()
+        self._stopping = threading.Event()
+        self._watch = EndedPods(status, status.node, self.pod_ended, log)
+        self._pruner = threading.Thread(target=self._prune_ended_loop, name="ledger-pruner",
+                                        daemon=True)
         self._channel_lock = threading.Lock()
         self._channel: Any = None
         generation = first_generation()
@@ -94,7 +105,23 @@ class Placement:
         self._step("ledger", self._prune_ledger)
         self.problems.cycle_done()
 
+    def watch_ended_pods(self) -> None:
+        """Prune the line of each pod of the node as it ends, from now until :meth:`stop`."""
+        self._pruner.start()
+        self._watch.start()
+
+    def pod_ended(self, uid: str) -> None:
+        """Pod ``uid`` of this node ended or is gone: its ledger line goes within a moment."""
+        with self._ended_lock:
+            self._ended.add(uid)
+        self._prune_soon.set()
+
     def stop(self) -> None:
+        self._stopping.set()
+        self._prune_soon.set()
+        self._watch.stop()
+        if self._pruner.ident is not None:  # started
+            self._pruner.join(timeout=10)
         for served in self._served.values():
             served.stop()
         self._close_channel()
@@ -126,11 +153,11 @@ class Placement:
 
     # --- the steps --------------------------------------------------------------------------
 
-    def _step(self, what: str, step: Callable[[], Any]) -> None:
+    def _step(self, what: str, step: Callable[[], Any], problems: Problems | None = None) -> None:
         try:
             step()
-        except (AdvertiseError, OSError, RuntimeError) as exc:
-            self.problems.report(what, what, str(exc))
+        except (AdvertiseError, PlacementError, OSError, RuntimeError) as exc:
+            (problems or self.problems).report(what, what, str(exc))
 
     def _serve(self, gpus: list[Gpu]) -> None:
         for resource, served in self._served.items():
@@ -151,20 +178,47 @@ class Placement:
             plugin.slots.retire(gone)
 
     def _prune_ledger(self) -> None:
-        node = self._status.read()
-        metadata = node.get("metadata") or {}
-        raw = (metadata.get("annotations") or {}).get(LEDGER_ANNOTATION)
-        if raw is None:
+        self._prune(lambda ledger: ended_lines(ledger, self._status.pods(), self._clock(),
+                                               self._ledger_grace))
+
+    def _prune_ended_loop(self) -> None:
+        while True:
+            self._prune_soon.wait()
+            if self._stopping.wait(PRUNE_BATCH):
+                return
+            self._prune_soon.clear()
+            self._step("ledger", self._prune_ended, self._pruner_problems)
+            self._pruner_problems.cycle_done()
+
+    def _prune_ended(self) -> None:
+        with self._ended_lock:
+            ended = set(self._ended)
+        if not self._prune(lambda ledger: [uid for uid in ledger if uid in ended]):
+            self._prune_soon.set()  # the node changed meanwhile: read it again and retry
             return
-        ledger = decode_ledger(raw)
-        gone = ended_lines(ledger, self._status.pods(), self._clock(), self._ledger_grace)
-        if not gone:
-            return
-        kept = {uid: entry for uid, entry in ledger.items() if uid not in gone}
-        if self._status.annotate({LEDGER_ANNOTATION: encode_ledger(kept)},
-                                 metadata.get("resourceVersion")):
+        with self._ended_lock:
+            self._ended -= ended
+
+    def _prune(self, chosen: Callable[[dict[str, Entry]], list[str]]) -> bool:
+        """Remove the lines that ``chosen`` picks from the node's ledger; False when the node
+        changed between the read and the write (nothing written then)."""
+        with self._ledger_lock:
+            node = self._status.read()
+            metadata = node.get("metadata") or {}
+            raw = (metadata.get("annotations") or {}).get(LEDGER_ANNOTATION)
+            if raw is None:
+                return True
+            ledger = decode_ledger(raw)
+            gone = chosen(ledger)
+            if not gone:
+                return True
+            kept = {uid: entry for uid, entry in ledger.items() if uid not in gone}
+            if not self._status.annotate({LEDGER_ANNOTATION: encode_ledger(kept)},
+                                         metadata.get("resourceVersion")):
+                return False
             event(self._log, logging.INFO, "ledger_pruned", node=self._status.node,
                   pods=sorted(ledger[uid].pod for uid in gone))
+            return True
 
     # --- kubelet's pod resources ------------------------------------------------------------
 

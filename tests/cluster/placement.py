@@ -82,8 +82,8 @@ def create(cluster: Cluster, *pods: dict) -> None:
 
 
 def delete(cluster: Cluster, *names: str, timeout: float = 120) -> None:
-    """Delete pods ``names`` and wait until the node agent pruned their ledger lines, which
-    it does at its next pass (every 30 s): until then their GPU room is still given out."""
+    """Delete pods ``names`` and wait until the node agent pruned their ledger lines (its
+    watch of the node's pods does as each goes): until then their GPU room is given out."""
     listed = cluster.get("pods", "-n", "default")["items"]
     uids = {pod["metadata"]["uid"] for pod in listed if pod["metadata"]["name"] in names}
     cluster.ok("delete", "pod", "-n", "default", "--ignore-not-found", "--wait=true",

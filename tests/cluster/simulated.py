@@ -6,12 +6,15 @@ mixed workload on each placement path.
 kwok (upstream's simulator, built by scripts/build-upstream --kwok) plays each node's kubelet:
 it renews the node's Lease, marks its pods Running and removes deleted ones. What vcuda's agent
 would send the API server is sent with the agent's own encoders: the inventory annotation every
---interval (30 s), and the ledger lines of pods that are gone pruned by the agent's own rule.
+--interval (30 s), the ledger lines of pods that are gone pruned by the agent's own rule, and
+the line of each pod that ends pruned as it ends (each agent watches its node's pods; here one
+watch of the namespace stands for them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import Iterator
@@ -30,8 +33,9 @@ from runtime_hook.contract import (
 from runtime_hook.node.advertise import resources
 from runtime_hook.node.device_plugin import slots_per_gpu
 from runtime_hook.node.dra.slices import GpuModel, resource_slice
-from runtime_hook.node.placement_agent import LEDGER_GRACE, ended_lines
-from runtime_hook.placement import decode_ledger, encode_inventory, encode_ledger
+from runtime_hook.node.ended_pods import WatchEnded, ended_uid
+from runtime_hook.node.placement_agent import LEDGER_GRACE, PRUNE_BATCH, ended_lines
+from runtime_hook.placement import Entry, decode_ledger, encode_inventory, encode_ledger
 from tests.extender.cluster import GIB, gpu_uuid, pod_object
 from webhook.kube import Kube, KubeError
 
@@ -194,13 +198,65 @@ def _template(name: str, exactly: dict[str, Any]) -> dict[str, Any]:
 
 class Agents:
     """What vcuda's agent on each simulated node sends the API server, spread evenly over its
-    interval: the inventory with a fresh heartbeat, then the ledger pruned of pods gone."""
+    interval: the inventory with a fresh heartbeat, then the ledger pruned of pods gone; and
+    between passes, the lines of pods that end pruned as they end."""
 
     def __init__(self, kube: Kube, nodes: int, interval: float = AGENT_INTERVAL) -> None:
         self._kube, self._nodes, self._interval = kube, nodes, interval
         self.passes = self.pruned = self.failures = 0
+        self._ended: dict[str, set[str]] = {}  # by node, the UIDs of its pods that ended
+        self._pruners: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
+        ends = asyncio.create_task(self._watch_ends())
+        try:
+            await self._passes()
+        finally:
+            ends.cancel()
+            for pruner in list(self._pruners):
+                pruner.cancel()
+
+    def _ends_noted(self, node: str, uids: set[str]) -> None:
+        """Note ``uids`` ended on ``node``; the first noted since its last write starts one."""
+        if node not in self._ended:
+            pruner = asyncio.create_task(self._prune_ended(node))
+            self._pruners.add(pruner)
+            pruner.add_done_callback(self._pruners.discard)
+        self._ended.setdefault(node, set()).update(uids)
+
+    async def _watch_ends(self) -> None:
+        while True:
+            version = (await self._kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1"))[
+                "metadata"]["resourceVersion"]
+            path = (f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={version}"
+                    "&allowWatchBookmarks=true")
+            try:
+                async for line in self._kube.lines(path, idle=600):
+                    uid, _ = ended_uid(line)
+                    node = (json.loads(line)["object"].get("spec") or {}).get("nodeName")
+                    if uid is not None and node:
+                        self._ends_noted(node, {uid})
+            except (KubeError, WatchEnded):
+                self.failures += 1
+
+    async def _prune_ended(self, name: str) -> None:
+        """The agent's pruner: the ends of a burst gathered, then one conditional write."""
+        await asyncio.sleep(PRUNE_BATCH)
+        ended = self._ended.pop(name)
+        path = f"/api/v1/nodes/{name}"
+        try:
+            node = await self._kube.get(path)
+            metadata = node.get("metadata") or {}
+            ledger = decode_ledger((metadata.get("annotations") or {}).get(LEDGER_ANNOTATION))
+            await self._write_pruned(path, metadata, ledger, [uid for uid in ledger
+                                                              if uid in ended])
+        except KubeError as exc:
+            if exc.status != 409:
+                self.failures += 1
+                return
+            self._ends_noted(name, ended)  # the node changed meanwhile: read it again, retry
+
+    async def _passes(self) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         pending: set[asyncio.Task[None]] = set()
@@ -224,15 +280,20 @@ class Agents:
             if raw is not None:
                 pods = await self._kube.get(f"/api/v1/pods?fieldSelector=spec.nodeName%3D{name}")
                 ledger = decode_ledger(raw)
-                gone = ended_lines(ledger, pods.get("items") or [], time.time(), LEDGER_GRACE)
-                if gone:
-                    kept = {uid: entry for uid, entry in ledger.items() if uid not in gone}
-                    await self._kube.merge_patch(path, {"metadata": {
-                        "resourceVersion": metadata.get("resourceVersion"),
-                        "annotations": {LEDGER_ANNOTATION: encode_ledger(kept)}}})
-                    self.pruned += len(gone)
+                await self._write_pruned(path, metadata, ledger, ended_lines(
+                    ledger, pods.get("items") or [], time.time(), LEDGER_GRACE))
         except KubeError as exc:
             if exc.status != 409:  # a conflict: the extender wrote the ledger meanwhile
                 self.failures += 1
         self.passes += 1
+
+    async def _write_pruned(self, path: str, metadata: dict[str, Any], ledger: dict[str, Entry],
+                            gone: list[str]) -> None:
+        """The node's ledger without the lines ``gone``, if the node is still as read."""
+        if gone:
+            kept = {uid: entry for uid, entry in ledger.items() if uid not in gone}
+            await self._kube.merge_patch(path, {"metadata": {
+                "resourceVersion": metadata.get("resourceVersion"),
+                "annotations": {LEDGER_ANNOTATION: encode_ledger(kept)}}})
+            self.pruned += len(gone)
 

@@ -191,14 +191,41 @@ def test_kubelet_restarted_with_pods_running_keeps_their_gpus_and_places_new_pod
         p.delete(placement, "big", "whole", "after", "whole-2")
 
 
+def _running_uid(cluster: Cluster, name: str) -> str:
+    """The UID of pod ``name`` once it runs."""
+    p.wait_running(cluster, name)
+    return str(cluster.get("pod", name, "-n", "default")["metadata"]["uid"])
+
+
+def test_a_deleted_pods_room_comes_back_within_seconds_not_at_the_agents_next_pass(
+        placement: Cluster) -> None:
+    """The node agent watches its node's pods: the line of one deleted goes as it goes (its
+    pass, every 30 s, would take a line only once a minute old), and a share that fits only in
+    the room it held is placed at once."""
+    large, _ = _uuids(placement)
+    image = placement.vcuda_image()
+    p.create(placement, p.pod("big", image, BIG))
+    try:
+        uid = _running_uid(placement, "big")
+        placement.ok("delete", "pod", "-n", "default", "big", "--wait=true", timeout=300)
+        gone = time.monotonic()
+        while uid in p.ledger(placement):
+            assert time.monotonic() - gone < 5, "the deleted pod's ledger line is still there"
+            time.sleep(0.2)
+        p.create(placement, p.pod("big-2", image, BIG))  # 10 GiB more fits only without "big"
+        p.wait_running(placement, "big-2", timeout=60)
+        assert p.spec_gpus(placement, "big-2") == [large]
+    finally:
+        p.delete(placement, "big", "big-2")
+
+
 def test_the_node_agent_restarted_keeps_running_containers_and_places_new_pods(
         placement: Cluster) -> None:
     large, _ = _uuids(placement)
     image = placement.vcuda_image()
     p.create(placement, p.pod("big", image, BIG))
     try:
-        p.wait_running(placement, "big")
-        uid = placement.get("pod", "big", "-n", "default")["metadata"]["uid"]
+        uid = _running_uid(placement, "big")
         before = _container_ids(placement, "big")
         sockets = p.plugin_sockets(placement)
         placement.ok("delete", "pod", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=vcuda-node",

@@ -465,7 +465,7 @@ def test_only_with_placement_does_the_node_agent_read_pods() -> None:
                                .read_text())
     assert "node-rbac.yaml" in component["resources"]
     [rule] = find("ClusterRole", "vcuda-node-placement")["rules"]
-    assert (rule["resources"], rule["verbs"]) == (["pods"], ["get", "list"])
+    assert (rule["resources"], rule["verbs"]) == (["pods"], ["get", "list", "watch"])
     binding = find("ClusterRoleBinding", "vcuda-node-placement")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vcuda-node",
                                     "namespace": NAMESPACE}]

@@ -155,6 +155,26 @@ def test_the_ledger_line_of_a_deleted_pod_is_pruned_and_its_room_comes_back(
     assert done  # ended pods are pruned at once
 
 
+def test_pods_seen_to_end_lose_their_lines_at_once_in_one_write_without_the_grace(
+        api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
+    pods = [bound(api, extender, pod_object(name, cores=10, memory_gib=1))
+            for name in ("a", "b", "kept")]
+    node_path = f"/api/v1/nodes/{NODE}"
+    writes = len(api.node_events)
+    node.agent._pruner.start()  # the pruner alone: its watch's part is tests/node/test_ended_pods
+    for pod in pods[:2]:
+        api.remove(f"/api/v1/namespaces/team/pods/{pod['metadata']['name']}")
+        node.agent.pod_ended(pod["metadata"]["uid"])
+    deadline = time.monotonic() + 5
+    while len(decode_ledger(api.get(node_path)["metadata"]["annotations"][
+            LEDGER_ANNOTATION])) != 1:
+        assert time.monotonic() < deadline, "the ended pods' lines are still there"
+        time.sleep(0.05)
+    assert set(decode_ledger(api.get(node_path)["metadata"]["annotations"][
+        LEDGER_ANNOTATION])) == {pods[2]["metadata"]["uid"]}
+    assert len(api.node_events) - writes == 1  # both ends in one ledger write
+
+
 def test_a_restarted_agent_serves_pods_bound_before_it_restarted(
         api: FakeClusterApi, node: GpuNode, extender: RunningExtender) -> None:
     pod = bound(api, extender, pod_object("p", cores=10, memory_gib=1))
