@@ -226,11 +226,11 @@ class Agents:
 
     async def _watch_ends(self) -> None:
         while True:
-            version = (await self._kube.get(f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1"))[
-                "metadata"]["resourceVersion"]
-            path = (f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={version}"
-                    "&allowWatchBookmarks=true")
             try:
+                version = (await self._kube.get(
+                    f"/api/v1/namespaces/{NAMESPACE}/pods?limit=1"))["metadata"]["resourceVersion"]
+                path = (f"/api/v1/namespaces/{NAMESPACE}/pods?watch=1&resourceVersion={version}"
+                        "&allowWatchBookmarks=true")
                 async for line in self._kube.lines(path, idle=600):
                     uid, _ = ended_uid(line)
                     node = (json.loads(line)["object"].get("spec") or {}).get("nodeName")
@@ -238,6 +238,7 @@ class Agents:
                         self._ends_noted(node, {uid})
             except (KubeError, WatchEnded):
                 self.failures += 1
+                await asyncio.sleep(1)  # as the agent pauses before it lists again
 
     async def _prune_ended(self, name: str) -> None:
         """The agent's pruner: the ends of a burst gathered, then one conditional write."""
