@@ -16,6 +16,7 @@ from collections.abc import Callable, Generator
 from contextlib import closing
 from typing import Protocol
 
+from runtime_hook.hook_errors import NodeError
 from runtime_hook.node.logs import event
 
 WATCH_SECONDS = 300  # asked of the API server per watch; it ends the watch after that
@@ -23,7 +24,7 @@ _RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0)  # between failed watches, the last one r
 ENDED_PHASES = ("Succeeded", "Failed")
 
 
-class WatchEnded(Exception):
+class WatchEnded(NodeError):
     """The watch must start again from a fresh list; the message says why."""
 
 
